@@ -1,0 +1,7 @@
+"""txjax: BERT, GPT and T5 from pure JAX functions, composed into Flax NNX modules."""
+
+from txjax.config import BertConfig, GPTConfig, T5Config, TransformerConfig
+from txjax.models import GPT, T5, Bert
+
+__all__ = ["Bert", "BertConfig", "GPT", "GPTConfig", "T5", "T5Config", "TransformerConfig"]
+__version__ = "0.1.0"

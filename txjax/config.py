@@ -1,0 +1,161 @@
+"""Frozen model configurations, one per family, with presets.
+
+Every family shares the fields of `TransformerConfig`; the subclasses only change
+defaults and add what is theirs (segments for BERT, a decoder depth and special ids
+for T5). A config is validated when it is made, so a bad value fails here and not
+deep inside XLA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none")
+NORMS = ("layer", "rms")
+NORM_POSITIONS = ("pre", "post")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Fields common to BERT, GPT and T5."""
+
+    vocab_size: int = 256  # V: number of token ids
+    max_len: int = 256  # longest sequence; the size of a learned position table
+    d_model: int = 128  # D: residual stream width
+    num_heads: int = 4  # N
+    num_layers: int = 4  # blocks per stack (T5: encoder, and decoder unless num_decoder_layers)
+    d_ff: int = 512  # F: feed-forward hidden width
+    head_dim: int | None = None  # H; None means d_model // num_heads
+    position: str = "learned"  # one of POSITIONS
+    norm: str = "layer"  # "layer" (mean, variance, bias) or "rms"
+    norm_position: str = "pre"  # "pre": read normalised; "post": write normalised
+    norm_eps: float = 1e-5
+    activation: str = "gelu"  # gelu (exact), gelu_tanh, relu, silu
+    gated: bool = False  # gated feed-forward (GEGLU / SwiGLU): act(x W0) * (x W1)
+    use_bias: bool = True  # biases in attention and feed-forward projections
+    tie_embeddings: bool = True  # output head shares the token embedding
+    dropout: float = 0.0  # on embeddings and on each residual branch
+    attention_scale: float | None = None  # None: 1/sqrt(H); T5 checkpoints use 1.0
+    rope_base: float = 10000.0
+    num_buckets: int = 32  # T5 relative-position buckets
+    max_distance: int = 128  # T5: offsets beyond this share the last bucket
+    pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
+
+    family: ClassVar[str] = "transformer"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{type(self).__name__}.{name} must be a positive int, got {value!r}")
+        for name, allowed in (
+            ("position", POSITIONS),
+            ("norm", NORMS),
+            ("norm_position", NORM_POSITIONS),
+            ("activation", ACTIVATIONS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{type(self).__name__}.{name}={getattr(self, name)!r} is not one of {allowed}"
+                )
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                "set head_dim explicitly"
+            )
+        if self.position == "rope" and self.head_size % 2:
+            raise ValueError(f"rope needs an even head width, got {self.head_size}")
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
+
+    @property
+    def head_size(self) -> int:
+        """H: the head width actually used."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    def replace(self, **changes) -> "TransformerConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig(TransformerConfig):
+    """Decoder-only: causal self-attention, pre-norm, a final norm, a tied head."""
+
+    family: ClassVar[str] = "gpt"
+
+    @classmethod
+    def gpt2_small(cls, **changes) -> "GPTConfig":
+        """GPT-2 small (124M): 12 layers, D 768, 12 heads, learned positions, tanh GELU."""
+        return cls(**{**dict(
+            vocab_size=50257, max_len=1024, d_model=768, num_heads=12, num_layers=12,
+            d_ff=3072, position="learned", activation="gelu_tanh",
+        ), **changes})
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig(TransformerConfig):
+    """Encoder-only: bidirectional attention with padding mask, post-norm, MLM head."""
+
+    norm_position: str = "post"
+    norm_eps: float = 1e-12
+    pad_id: int | None = 0  # [PAD]
+    type_vocab_size: int = 2  # segment ids 0 .. type_vocab_size - 1
+    embedding_norm: bool = True  # LayerNorm on the summed embeddings, as BERT does
+
+    family: ClassVar[str] = "bert"
+
+    @classmethod
+    def bert_base(cls, **changes) -> "BertConfig":
+        """bert-base-uncased: 12 layers, D 768, 12 heads, vocab 30522, 512 positions."""
+        return cls(**{**dict(
+            vocab_size=30522, max_len=512, d_model=768, num_heads=12, num_layers=12,
+            d_ff=3072, position="learned",
+        ), **changes})
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config(TransformerConfig):
+    """Encoder-decoder: relative bias, RMS pre-norm, no biases; decoder cross-attends."""
+
+    position: str = "t5"
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    activation: str = "relu"
+    use_bias: bool = False
+    pad_id: int | None = 0  # <pad>; masks encoder keys only
+    num_decoder_layers: int | None = None  # None: same as num_layers
+    decoder_start_id: int = 0  # T5 starts decoding from <pad>
+    eos_id: int = 1  # </s>
+
+    family: ClassVar[str] = "t5"
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+    @classmethod
+    def t5_small(cls, **changes) -> "T5Config":
+        """t5-small (v1.0, 60.5M): 6 + 6 layers, D 512, 8 heads, F 2048, ReLU, tied head."""
+        return cls(**{**dict(
+            vocab_size=32128, max_len=512, d_model=512, num_heads=8, num_layers=6,
+            d_ff=2048, attention_scale=1.0,
+        ), **changes})
+
+
+def config_from_dict(d: dict) -> TransformerConfig:
+    """Inverse of `to_dict`."""
+    d = dict(d)
+    family = d.pop("family")
+    classes = {c.family: c for c in (GPTConfig, BertConfig, T5Config)}
+    if family not in classes:
+        raise ValueError(f"unknown model family {family!r}; expected one of {sorted(classes)}")
+    return classes[family](**d)

@@ -1,0 +1,65 @@
+"""BERT: encoder-only, bidirectional attention with a padding mask, MLM head."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from txjax import ops
+from txjax.config import BertConfig
+from txjax.nn import Embed, TransformerStack, check_tokens, make_norm
+from txjax.nn.layers import ACTIVATIONS, INIT
+
+
+class MLMHead(nnx.Module):
+    """BERT's transform (dense, activation, norm) then the tied decoder plus a bias."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.activation = config.activation
+        self.dense = nnx.Linear(config.d_model, config.d_model, kernel_init=INIT, rngs=rngs)
+        self.norm = make_norm(config)
+        self.bias = nnx.Param(jnp.zeros((config.vocab_size,)))
+
+    def __call__(self, h_BTD: jax.Array, embed: Embed) -> jax.Array:
+        h_BTD = self.norm(ACTIVATIONS[self.activation](self.dense(h_BTD)))
+        return embed.attend(h_BTD) + self.bias[...]
+
+
+class Bert(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None):
+        rngs = nnx.Rngs(0) if rngs is None else rngs
+        self.config = config
+        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs)
+        self.segments = Embed(config.type_vocab_size, config.d_model, rngs=rngs)
+        self.embed_norm = make_norm(config) if config.embedding_norm else None
+        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs)
+        self.mlm = MLMHead(config, rngs=rngs)
+
+    def mask(self, tokens_BT: jax.Array) -> jax.Array | None:
+        if self.config.pad_id is None:
+            return None
+        return ops.padding_mask(tokens_BT, self.config.pad_id)
+
+    def encode(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
+        """Contextual embeddings h_BTD (before the MLM head)."""
+        check_tokens(tokens_BT, self.config.vocab_size)
+        if segment_ids_BT is None:
+            segment_ids_BT = jnp.zeros_like(tokens_BT)
+        elif segment_ids_BT.shape != tokens_BT.shape:
+            raise ValueError(
+                f"segment_ids {segment_ids_BT.shape} must have the shape of tokens {tokens_BT.shape}"
+            )
+        else:
+            check_tokens(segment_ids_BT, self.config.type_vocab_size, "segment_ids")
+        positions_T = jnp.arange(tokens_BT.shape[1])
+        x_BTD = self.embed(tokens_BT) + self.segments(segment_ids_BT)
+        x_BTD = self.encoder.embed_positions(x_BTD, positions_T)
+        if self.embed_norm is not None:
+            x_BTD = self.embed_norm(x_BTD)
+        return self.encoder(self.dropout(x_BTD), self.mask(tokens_BT), positions_T)
+
+    def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
+        """tokens_BT -> mlm_logits_BTV."""
+        return self.mlm(self.encode(tokens_BT, segment_ids_BT), self.embed)

@@ -1,0 +1,43 @@
+"""GPT: decoder-only, causal self-attention, pre-norm, final norm, tied head."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from txjax import ops
+from txjax.config import GPTConfig
+from txjax.nn import Embed, TransformerStack, check_tokens
+from txjax.nn.layers import INIT
+
+
+class GPT(nnx.Module):
+    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs | None = None):
+        rngs = nnx.Rngs(0) if rngs is None else rngs
+        self.config = config
+        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs)
+        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.decoder = TransformerStack(config, config.num_layers, causal=True, cross=False, rngs=rngs)
+        self.head = (
+            None if config.tie_embeddings
+            else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT, rngs=rngs)
+        )
+
+    def mask(self, tokens_BT: jax.Array) -> jax.Array:
+        """Causal, and padding where the config names a pad id."""
+        mask = ops.causal_mask(tokens_BT.shape[1])
+        if self.config.pad_id is not None:
+            mask = mask & ops.padding_mask(tokens_BT, self.config.pad_id)
+        return mask
+
+    def logits(self, h_BTD: jax.Array) -> jax.Array:
+        return self.embed.attend(h_BTD) if self.head is None else self.head(h_BTD)
+
+    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+        """tokens_BT -> logits_BTV; position t sees tokens 0..t only."""
+        check_tokens(tokens_BT, self.config.vocab_size)
+        positions_T = jnp.arange(tokens_BT.shape[1])
+        x_BTD = self.decoder.embed_positions(self.embed(tokens_BT), positions_T)
+        h_BTD = self.decoder(self.dropout(x_BTD), self.mask(tokens_BT), positions_T)
+        return self.logits(h_BTD)

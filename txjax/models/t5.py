@@ -1,0 +1,66 @@
+"""T5: encoder-decoder; every decoder block cross-attends to the final encoder output."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from txjax import ops
+from txjax.config import T5Config
+from txjax.nn import Embed, TransformerStack, check_tokens
+from txjax.nn.layers import INIT
+
+
+class T5(nnx.Module):
+    def __init__(self, config: T5Config, *, rngs: nnx.Rngs | None = None):
+        rngs = nnx.Rngs(0) if rngs is None else rngs
+        self.config = config
+        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs)
+        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs)
+        self.decoder = TransformerStack(config, config.decoder_layers, causal=True, cross=True, rngs=rngs)
+        self.head = (
+            None if config.tie_embeddings
+            else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT, rngs=rngs)
+        )
+
+    def encoder_mask(self, enc_tokens_BS: jax.Array) -> jax.Array | None:
+        if self.config.pad_id is None:
+            return None
+        return ops.padding_mask(enc_tokens_BS, self.config.pad_id)
+
+    def encode(self, enc_tokens_BS: jax.Array) -> jax.Array:
+        """enc_tokens_BS -> enc_BSD, the final (normed) encoder output."""
+        check_tokens(enc_tokens_BS, self.config.vocab_size, "encoder tokens")
+        positions_S = jnp.arange(enc_tokens_BS.shape[1])
+        x_BSD = self.encoder.embed_positions(self.embed(enc_tokens_BS), positions_S)
+        return self.dropout(self.encoder(self.dropout(x_BSD), self.encoder_mask(enc_tokens_BS), positions_S))
+
+    def logits(self, h_BTD: jax.Array) -> jax.Array:
+        if self.head is not None:
+            return self.head(h_BTD)
+        # T5 rescales before a tied head so logits keep the scale of an untied one.
+        return self.embed.attend(h_BTD * self.config.d_model**-0.5)
+
+    def decode(self, dec_tokens_BT: jax.Array, enc_BSD: jax.Array, enc_tokens_BS: jax.Array) -> jax.Array:
+        """Decoder logits given the encoder output; enc_tokens_BS gives the cross padding mask."""
+        check_tokens(dec_tokens_BT, self.config.vocab_size, "decoder tokens")
+        if enc_BSD.ndim != 3 or enc_BSD.shape[0] != dec_tokens_BT.shape[0]:
+            raise ValueError(
+                f"encoder output {enc_BSD.shape} does not match decoder tokens {dec_tokens_BT.shape}"
+            )
+        positions_T = jnp.arange(dec_tokens_BT.shape[1])
+        x_BTD = self.decoder.embed_positions(self.embed(dec_tokens_BT), positions_T)
+        h_BTD = self.decoder(
+            self.dropout(x_BTD),
+            ops.causal_mask(dec_tokens_BT.shape[1]),
+            positions_T,
+            enc_BSD,
+            self.encoder_mask(enc_tokens_BS),
+        )
+        return self.logits(self.dropout(h_BTD))
+
+    def __call__(self, enc_tokens_BS: jax.Array, dec_tokens_BT: jax.Array) -> jax.Array:
+        """(enc_tokens_BS, dec_tokens_BT) -> logits_BTV."""
+        return self.decode(dec_tokens_BT, self.encode(enc_tokens_BS), enc_tokens_BS)

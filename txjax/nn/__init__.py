@@ -1,0 +1,28 @@
+"""Flax NNX modules: they own parameters and call `txjax.ops`."""
+
+from txjax.nn.blocks import TransformerBlock, TransformerStack
+from txjax.nn.layers import (
+    Embed,
+    FeedForward,
+    LayerNorm,
+    MultiHeadAttention,
+    Positions,
+    RelativePositionBias,
+    RMSNorm,
+    check_tokens,
+    make_norm,
+)
+
+__all__ = [
+    "Embed",
+    "FeedForward",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "Positions",
+    "RMSNorm",
+    "RelativePositionBias",
+    "TransformerBlock",
+    "TransformerStack",
+    "check_tokens",
+    "make_norm",
+]

@@ -1,0 +1,202 @@
+"""NNX modules that own parameters and call the pure ops."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from txjax import ops
+from txjax.config import TransformerConfig
+
+INIT = nnx.initializers.normal(stddev=0.02)
+
+
+def is_concrete(x) -> bool:
+    """True when `x` holds values we can inspect now (not a tracer under jit)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_tokens(tokens: jax.Array, vocab_size: int, name: str = "tokens") -> None:
+    """Rank and dtype always; the id range too when the values are concrete.
+
+    Under jit the ids are unknown at trace time; `Embed` then looks out-of-range ids
+    up as NaN (never a clamped row), so a bad id poisons the loss instead of hiding.
+    """
+    if tokens.ndim != 2:
+        raise ValueError(f"{name} must be [B, T], got shape {tokens.shape}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"{name} must be integer ids, got dtype {tokens.dtype}")
+    if is_concrete(tokens) and tokens.size:
+        lo, hi = int(jnp.min(tokens)), int(jnp.max(tokens))
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{name} has ids in [{lo}, {hi}], outside the vocabulary [0, {vocab_size})")
+
+
+class Embed(nnx.Module):
+    """Token embedding [V, D]; `attend` is the tied output head x @ E^T."""
+
+    def __init__(self, num_embeddings: int, features: int, *, rngs: nnx.Rngs):
+        self.num_embeddings = num_embeddings
+        self.embedding = nnx.Param(INIT(rngs.params(), (num_embeddings, features)))
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding[...], ids, axis=0, mode="fill", fill_value=jnp.nan)
+
+    def attend(self, x_BTD: jax.Array) -> jax.Array:
+        return jnp.einsum("BTD,VD->BTV", x_BTD, self.embedding[...])
+
+
+class LayerNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,)))
+        self.bias = nnx.Param(jnp.zeros((dim,)))
+
+    def __call__(self, x):
+        return ops.layer_norm(x, self.scale[...], self.bias[...], self.eps)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,)))
+
+    def __call__(self, x):
+        return ops.rms_norm(x, self.scale[...], self.eps)
+
+
+def make_norm(config: TransformerConfig) -> LayerNorm | RMSNorm:
+    cls = LayerNorm if config.norm == "layer" else RMSNorm
+    return cls(config.d_model, config.norm_eps)
+
+
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+}
+
+
+class FeedForward(nnx.Module):
+    """D -> F -> D with an activation; gated: act(x W_in) * (x W_gate) (GEGLU, SwiGLU)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        d, f, bias = config.d_model, config.d_ff, config.use_bias
+        self.activation = config.activation
+        self.wi = nnx.Linear(d, f, use_bias=bias, kernel_init=INIT, rngs=rngs)
+        self.wg = nnx.Linear(d, f, use_bias=bias, kernel_init=INIT, rngs=rngs) if config.gated else None
+        self.wo = nnx.Linear(f, d, use_bias=bias, kernel_init=INIT, rngs=rngs)
+
+    def __call__(self, x_BTD):
+        h_BTF = ACTIVATIONS[self.activation](self.wi(x_BTD))
+        if self.wg is not None:
+            h_BTF = h_BTF * self.wg(x_BTD)
+        return self.wo(h_BTF)
+
+
+class MultiHeadAttention(nnx.Module):
+    """Self-attention (kv_BSD is None) or cross-attention over kv_BSD.
+
+    Projections D -> N*H with einops head split; the bias (masks, relative or ALiBi)
+    comes from outside, as in t5x. `rope_positions` = (q_positions, k_positions)
+    rotates q and k before the dot product.
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        d, inner, bias = config.d_model, config.num_heads * config.head_size, config.use_bias
+        self.num_heads = config.num_heads
+        self.scale = config.attention_scale
+        self.rope_base = config.rope_base
+        self.q = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
+        self.k = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
+        self.v = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
+        self.o = nnx.Linear(inner, d, use_bias=bias, kernel_init=INIT, rngs=rngs)
+
+    def project_kv(self, kv_BSD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        n = self.num_heads
+        return ops.split_heads(self.k(kv_BSD), n), ops.split_heads(self.v(kv_BSD), n)
+
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        kv_BSD: jax.Array | None = None,
+        bias: jax.Array | None = None,
+        rope_positions: tuple[jax.Array, jax.Array] | None = None,
+    ) -> jax.Array:
+        q_BTNH = ops.split_heads(self.q(x_BTD), self.num_heads)
+        k_BSNH, v_BSNH = self.project_kv(x_BTD if kv_BSD is None else kv_BSD)
+        if rope_positions is not None:
+            q_BTNH = ops.apply_rope(q_BTNH, rope_positions[0], self.rope_base)
+            k_BSNH = ops.apply_rope(k_BSNH, rope_positions[1], self.rope_base)
+        out_BTNH = ops.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, self.scale)
+        return self.o(ops.merge_heads(out_BTNH))
+
+
+class RelativePositionBias(nnx.Module):
+    """T5's learned scalar per (bucket, head), added to attention logits."""
+
+    def __init__(self, config: TransformerConfig, *, bidirectional: bool, rngs: nnx.Rngs):
+        self.bidirectional = bidirectional
+        self.num_buckets = config.num_buckets
+        self.max_distance = config.max_distance
+        self.table = nnx.Param(INIT(rngs.params(), (config.num_buckets, config.num_heads)))
+
+    def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+        """[1, N, T, S]."""
+        relative_TS = k_positions[None, :] - q_positions[:, None]
+        bucket_TS = ops.t5_relative_position_bucket(
+            relative_TS, self.bidirectional, self.num_buckets, self.max_distance
+        )
+        return jnp.transpose(self.table[...][bucket_TS], (2, 0, 1))[None]
+
+
+class Positions(nnx.Module):
+    """Everything a stack needs to know about position, for any `config.position`.
+
+    learned / sinusoidal: `embed` gives a [T, D] table added to the input.
+    t5 / alibi: `attention_bias` gives a [1, N, T, S] bias for self-attention.
+    rope: `rope` is True and the attention rotates q and k. none: nothing at all.
+    """
+
+    def __init__(self, config: TransformerConfig, *, bidirectional: bool, rngs: nnx.Rngs):
+        self.kind = config.position
+        self.max_len = config.max_len
+        self.d_model = config.d_model
+        self.num_heads = config.num_heads
+        self.table = (
+            nnx.Param(INIT(rngs.params(), (config.max_len, config.d_model)))
+            if self.kind == "learned" else None
+        )
+        self.relative = (
+            RelativePositionBias(config, bidirectional=bidirectional, rngs=rngs)
+            if self.kind == "t5" else None
+        )
+
+    @property
+    def rope(self) -> bool:
+        return self.kind == "rope"
+
+    def embed(self, positions_T: jax.Array) -> jax.Array | None:
+        if self.kind == "sinusoidal":
+            return ops.sinusoidal_positions(positions_T, self.d_model)
+        if self.kind != "learned":
+            return None
+        if positions_T.shape[-1] > self.max_len:
+            raise ValueError(
+                f"sequence length {positions_T.shape[-1]} exceeds max_len={self.max_len} "
+                "of the learned position table"
+            )
+        if is_concrete(positions_T) and positions_T.size and int(jnp.max(positions_T)) >= self.max_len:
+            raise ValueError(
+                f"position {int(jnp.max(positions_T))} is beyond the learned table (max_len={self.max_len})"
+            )
+        return jnp.take(self.table[...], positions_T, axis=0, mode="fill", fill_value=jnp.nan)
+
+    def attention_bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array | None:
+        if self.kind == "t5":
+            return self.relative(q_positions, k_positions)
+        if self.kind == "alibi":
+            return ops.alibi_bias(self.num_heads, q_positions, k_positions)
+        return None

@@ -1,0 +1,101 @@
+"""Scaled dot-product attention with an additive bias, and the masks that feed it."""
+
+from __future__ import annotations
+
+import math
+
+import einops
+import jax
+import jax.numpy as jnp
+
+
+def causal_mask(t: int, s: int | None = None) -> jax.Array:
+    """bool[1, 1, T, S]: query i may attend to key j iff j <= i + (S - T).
+
+    With S == T (the default) this is the lower triangle of the notes' `torch.tril`.
+    With S > T the T queries are the last T positions of the S keys, which is what
+    a decoder sees when it appends T new tokens to S - T cached ones.
+    """
+    s = t if s is None else s
+    if s < t:
+        raise ValueError(f"causal_mask: key length {s} is shorter than query length {t}")
+    q_T = jnp.arange(t)[:, None] + (s - t)
+    k_S = jnp.arange(s)[None, :]
+    return (k_S <= q_T)[None, None]
+
+
+def padding_mask(tokens_BS: jax.Array, pad_id: int) -> jax.Array:
+    """bool[B, 1, 1, S]: True at keys that are not padding."""
+    if tokens_BS.ndim != 2:
+        raise ValueError(f"padding_mask: tokens must be [B, S], got shape {tokens_BS.shape}")
+    return (tokens_BS != pad_id)[:, None, None, :]
+
+
+def mask_to_bias(mask: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """0 where `mask` is True, exactly -inf where it is False."""
+    return jnp.where(mask, jnp.zeros((), dtype), jnp.array(-jnp.inf, dtype))
+
+
+def split_heads(x_BTD: jax.Array, num_heads: int) -> jax.Array:
+    """[B, T, N*H] -> [B, T, N, H]."""
+    return einops.rearrange(x_BTD, "B T (N H) -> B T N H", N=num_heads)
+
+
+def merge_heads(x_BTNH: jax.Array) -> jax.Array:
+    """[B, T, N, H] -> [B, T, N*H]."""
+    return einops.rearrange(x_BTNH, "B T N H -> B T (N H)")
+
+
+def attention_weights(
+    q_BTNH: jax.Array,
+    k_BSNH: jax.Array,
+    bias: jax.Array | None = None,
+    scale: float | None = None,
+) -> jax.Array:
+    """softmax(q k^T * scale + bias) over keys, float32, [B, N, T, S].
+
+    A row whose every key is -inf gets all-zero weights instead of NaN, and its
+    gradient is zero too: the row maximum is replaced by 0 where it is -inf and
+    the denominator by 1 where it is 0, so no inf - inf or 0 / 0 is ever formed.
+    """
+    if q_BTNH.ndim != 4 or k_BSNH.ndim != 4:
+        raise ValueError(
+            f"attention: q and k must be [B, T, N, H] and [B, S, N, H], "
+            f"got {q_BTNH.shape} and {k_BSNH.shape}"
+        )
+    if q_BTNH.shape[-2:] != k_BSNH.shape[-2:] or q_BTNH.shape[0] != k_BSNH.shape[0]:
+        raise ValueError(
+            f"attention: q {q_BTNH.shape} and k {k_BSNH.shape} disagree in batch, heads or head width"
+        )
+    scale = 1.0 / math.sqrt(q_BTNH.shape[-1]) if scale is None else scale
+    scores_BNTS = jnp.einsum(
+        "BTNH,BSNH->BNTS", q_BTNH, k_BSNH, preferred_element_type=jnp.float32
+    ) * scale
+    if bias is not None:
+        scores_BNTS = scores_BNTS + bias.astype(jnp.float32)
+    max_BNT1 = jnp.max(scores_BNTS, axis=-1, keepdims=True)
+    max_BNT1 = jax.lax.stop_gradient(jnp.where(jnp.isfinite(max_BNT1), max_BNT1, 0.0))
+    exp_BNTS = jnp.exp(scores_BNTS - max_BNT1)
+    denom_BNT1 = jnp.sum(exp_BNTS, axis=-1, keepdims=True)
+    return exp_BNTS / jnp.where(denom_BNT1 == 0.0, 1.0, denom_BNT1)
+
+
+def dot_product_attention(
+    q_BTNH: jax.Array,
+    k_BSNH: jax.Array,
+    v_BSNH: jax.Array,
+    bias: jax.Array | None = None,
+    scale: float | None = None,
+) -> jax.Array:
+    """softmax(q k^T / sqrt(H) + bias) v -> out_BTNH.
+
+    `bias` is additive and broadcastable to [B, N, T, S]: any sum of
+    `mask_to_bias(causal & padding)`, a T5 relative bias and an ALiBi bias.
+    `scale` defaults to 1/sqrt(H); T5 checkpoints use 1.0. Softmax runs in
+    float32; the output has v's dtype.
+    """
+    if v_BSNH.shape != k_BSNH.shape:
+        raise ValueError(f"attention: k {k_BSNH.shape} and v {v_BSNH.shape} must have one shape")
+    weights_BNTS = attention_weights(q_BTNH, k_BSNH, bias, scale)
+    out_BTNH = jnp.einsum("BNTS,BSNH->BTNH", weights_BNTS.astype(v_BSNH.dtype), v_BSNH)
+    return out_BTNH

@@ -1,0 +1,28 @@
+"""Layer norm and RMS norm, computed in float32."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float = 1e-5) -> jax.Array:
+    """(x - mean) / sqrt(var + eps) * scale + bias over the last axis.
+
+    The variance is the biased one (divide by D), as in the notes and in PyTorch's
+    `nn.LayerNorm`.
+    """
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + eps) * scale
+    if bias is not None:
+        y = y + bias
+    return y.astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """x / sqrt(mean(x^2) + eps) * scale: no mean subtraction, no bias (T5, Llama)."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps) * scale
+    return y.astype(x.dtype)
