@@ -66,6 +66,12 @@ class RMSNorm(nnx.Module):
         return ops.rms_norm(x, self.scale[...], self.eps)
 
 
+def check_width(x: jax.Array, width: int, name: str) -> None:
+    """A clear error for an input of the wrong width, before any matmul sees it."""
+    if x.ndim != 3 or x.shape[-1] != width:
+        raise ValueError(f"{name} expects [B, T, {width}], got shape {x.shape}")
+
+
 def make_norm(config: TransformerConfig) -> LayerNorm | RMSNorm:
     cls = LayerNorm if config.norm == "layer" else RMSNorm
     return cls(config.d_model, config.norm_eps)
@@ -85,11 +91,13 @@ class FeedForward(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         d, f, bias = config.d_model, config.d_ff, config.use_bias
         self.activation = config.activation
+        self.d_model = d
         self.wi = nnx.Linear(d, f, use_bias=bias, kernel_init=INIT, rngs=rngs)
         self.wg = nnx.Linear(d, f, use_bias=bias, kernel_init=INIT, rngs=rngs) if config.gated else None
         self.wo = nnx.Linear(f, d, use_bias=bias, kernel_init=INIT, rngs=rngs)
 
     def __call__(self, x_BTD):
+        check_width(x_BTD, self.d_model, "FeedForward")
         h_BTF = ACTIVATIONS[self.activation](self.wi(x_BTD))
         if self.wg is not None:
             h_BTF = h_BTF * self.wg(x_BTD)
@@ -107,6 +115,7 @@ class MultiHeadAttention(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         d, inner, bias = config.d_model, config.num_heads * config.head_size, config.use_bias
         self.num_heads = config.num_heads
+        self.d_model = d
         self.scale = config.attention_scale
         self.rope_base = config.rope_base
         self.q = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
@@ -125,6 +134,9 @@ class MultiHeadAttention(nnx.Module):
         bias: jax.Array | None = None,
         rope_positions: tuple[jax.Array, jax.Array] | None = None,
     ) -> jax.Array:
+        check_width(x_BTD, self.d_model, "MultiHeadAttention query input")
+        if kv_BSD is not None:
+            check_width(kv_BSD, self.d_model, "MultiHeadAttention key/value input")
         q_BTNH = ops.split_heads(self.q(x_BTD), self.num_heads)
         k_BSNH, v_BSNH = self.project_kv(x_BTD if kv_BSD is None else kv_BSD)
         if rope_positions is not None:

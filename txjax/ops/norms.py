@@ -6,12 +6,18 @@ import jax
 import jax.numpy as jnp
 
 
+def _check_scale(x: jax.Array, scale: jax.Array, name: str) -> None:
+    if jnp.shape(scale) != x.shape[-1:]:
+        raise ValueError(f"{name}: scale of shape {jnp.shape(scale)} does not fit input width {x.shape[-1]}")
+
+
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float = 1e-5) -> jax.Array:
     """(x - mean) / sqrt(var + eps) * scale + bias over the last axis.
 
     The variance is the biased one (divide by D), as in the notes and in PyTorch's
     `nn.LayerNorm`.
     """
+    _check_scale(x, scale, "layer_norm")
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
@@ -23,6 +29,7 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: floa
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
     """x / sqrt(mean(x^2) + eps) * scale: no mean subtraction, no bias (T5, Llama)."""
+    _check_scale(x, scale, "rms_norm")
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps) * scale
     return y.astype(x.dtype)
