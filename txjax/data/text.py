@@ -112,6 +112,10 @@ def load_corpus(
     name = "default" if name_or_path is None else name_or_path
     if isinstance(name, str) and name == "default":
         ref = resources.files("txjax.data").joinpath("corpora", DEFAULT_CORPUS_FILE)
+        if not ref.is_file():
+            raise FileNotFoundError(
+                f"packaged corpus corpora/{DEFAULT_CORPUS_FILE} is missing from this install of "
+                "txjax (the build must list it as package data)")
         text = ref.read_text(encoding="utf-8")
         if not text.strip():
             raise ValueError("the packaged default corpus is empty")
