@@ -138,7 +138,7 @@ def random_spans_noise_mask(
     length: int,
     noise_density: float = 0.15,
     mean_noise_span_length: float = 3.0,
-    rng: int | np.random.Generator = 0,
+    rng: int | np.random.Generator | None = None,
 ) -> np.ndarray:
     """T5's noise mask: bool `[length]`, True at noise (to be predicted) positions.
 
@@ -149,6 +149,8 @@ def random_spans_noise_mask(
     no noise. One guard the reference lacks: num_spans is also clipped to the numbers of
     noise and non-noise tokens, so extreme densities give a valid mask instead of a crash.
     """
+    if rng is None:
+        raise TypeError("random_spans_noise_mask needs rng (an int seed or a Generator)")
     rng = as_rng(rng)
     orig_length = int(length)
     if orig_length < 1:
@@ -268,16 +270,16 @@ def t5_span_corruption(
 
 
 def t5_span_corruption_batch(
-    tokens_BL: np.ndarray | list[np.ndarray],
+    rows: np.ndarray | list[np.ndarray],
     rng: int | np.random.Generator,
     **kwargs,
 ) -> dict[str, np.ndarray]:
     """`t5_span_corruption` on each row; returns the same keys stacked: `[B, S]` / `[B, T]`.
 
-    Rows may have different lengths (a list of 1-D arrays). kwargs as for the single case.
+    `rows` may have different lengths (a list of 1-D arrays). kwargs as for one example.
     """
     rng = as_rng(rng)
-    rows = [t5_span_corruption(np.asarray(r), rng, **kwargs) for r in tokens_BL]
-    if not rows:
+    examples = [t5_span_corruption(np.asarray(r), rng, **kwargs) for r in rows]
+    if not examples:
         raise ValueError("empty batch")
-    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+    return {k: np.stack([e[k] for e in examples]) for k in examples[0]}

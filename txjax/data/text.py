@@ -258,7 +258,8 @@ class CharTokenizer(_Specials):
         chars = list(chars)
         if not chars:
             raise ValueError("a character vocabulary needs at least one character")
-        if any(not isinstance(c, str) or len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+        single = all(isinstance(c, str) and len(c) == 1 for c in chars)
+        if not single or len(set(chars)) != len(chars):
             raise ValueError("chars must be distinct single characters")
         self.chars: tuple[str, ...] = tuple(chars)
         n_front = len(FAMILIES[family])
@@ -287,7 +288,8 @@ class CharTokenizer(_Specials):
             raise ValueError(f"unknown must be 'error' or 'unk', got {unknown!r}")
         if unknown == "unk" and self.unk_id is None:
             raise ValueError(f"family {self.family!r} has no unknown token; use unknown='error'")
-        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4").astype(np.int64)
+        utf32 = text.encode("utf-32-le", "surrogatepass")
+        codes = np.frombuffer(utf32, dtype="<u4").astype(np.int64)
         pos = np.minimum(np.searchsorted(self._codes_sorted, codes), len(self._codes_sorted) - 1)
         known = self._codes_sorted[pos] == codes
         ids = self._ids_sorted[pos]
@@ -297,7 +299,8 @@ class CharTokenizer(_Specials):
             else:
                 where = np.flatnonzero(~known)
                 bad = sorted({text[i] for i in where[:1000].tolist()})
-                hint = " (unknown='unk' maps them to the unknown token)" if self.unk_id is not None else ""
+                hint = ("" if self.unk_id is None
+                        else " (unknown='unk' maps them to the unknown token)")
                 raise ValueError(f"characters outside the vocabulary: {bad!r} "
                                  f"({where.size} in all, first at position {int(where[0])}){hint}")
         return ids.astype(np.int32)
