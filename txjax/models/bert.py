@@ -23,7 +23,7 @@ class MLMHead(nnx.Module):
 
     def __call__(self, h_BTD: jax.Array, embed: Embed) -> jax.Array:
         h_BTD = self.norm(ACTIVATIONS[self.activation](self.dense(h_BTD)))
-        return embed.attend(h_BTD) + self.bias[...]
+        return embed.attend(h_BTD) + self.bias[...][None, None, :]
 
 
 class Bert(nnx.Module):

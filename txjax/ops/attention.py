@@ -80,22 +80,58 @@ def attention_weights(
     return exp_BNTS / jnp.where(denom_BNT1 == 0.0, 1.0, denom_BNT1)
 
 
+IMPLEMENTATIONS = ("reference", "xla")
+
+
 def dot_product_attention(
     q_BTNH: jax.Array,
     k_BSNH: jax.Array,
     v_BSNH: jax.Array,
     bias: jax.Array | None = None,
     scale: float | None = None,
+    implementation: str = "reference",
 ) -> jax.Array:
     """softmax(q k^T / sqrt(H) + bias) v -> out_BTNH.
 
     `bias` is additive and broadcastable to [B, N, T, S]: any sum of
     `mask_to_bias(causal & padding)`, a T5 relative bias and an ALiBi bias.
     `scale` defaults to 1/sqrt(H); T5 checkpoints use 1.0. Softmax runs in
-    float32; the output has v's dtype.
+    float32; the output has v's dtype. `implementation`: "reference" (the
+    formula written out here) or "xla" (`jax.nn.dot_product_attention`).
     """
     if v_BSNH.shape != k_BSNH.shape:
         raise ValueError(f"attention: k {k_BSNH.shape} and v {v_BSNH.shape} must have one shape")
+    if implementation == "xla":
+        return xla_dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale)
+    if implementation != "reference":
+        raise ValueError(f"attention implementation {implementation!r} is not one of {IMPLEMENTATIONS}")
     weights_BNTS = attention_weights(q_BTNH, k_BSNH, bias, scale)
     out_BTNH = jnp.einsum("BNTS,BSNH->BTNH", weights_BNTS.astype(v_BSNH.dtype), v_BSNH)
     return out_BTNH
+
+
+def xla_dot_product_attention(
+    q_BTNH: jax.Array,
+    k_BSNH: jax.Array,
+    v_BSNH: jax.Array,
+    bias: jax.Array | None = None,
+    scale: float | None = None,
+) -> jax.Array:
+    """The same contract through `jax.nn.dot_product_attention(implementation="xla")`.
+
+    jax wants a finite bias and a boolean mask, and gives a fully masked row the
+    mean of the values; so the -inf entries of `bias` become the mask, the rest
+    the bias, and rows with no visible key are zeroed (value and gradient).
+    """
+    if bias is None:
+        return jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, scale=scale, implementation="xla")
+    bias = jnp.asarray(bias, jnp.float32)
+    bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + bias.shape)
+    mask = bias != -jnp.inf
+    finite = jnp.where(mask, bias, 0.0)
+    out_BTNH = jax.nn.dot_product_attention(
+        q_BTNH, k_BSNH, v_BSNH, bias=finite, mask=mask, scale=scale, implementation="xla"
+    )
+    visible_BNT = jnp.any(mask, axis=-1)
+    visible_BTN1 = jnp.transpose(visible_BNT, (0, 2, 1))[..., None]
+    return jnp.where(visible_BTN1, out_BTNH, jnp.zeros((), out_BTNH.dtype))

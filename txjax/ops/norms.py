@@ -11,6 +11,11 @@ def _check_scale(x: jax.Array, scale: jax.Array, name: str) -> None:
         raise ValueError(f"{name}: scale of shape {jnp.shape(scale)} does not fit input width {x.shape[-1]}")
 
 
+def _lift(v: jax.Array, ndim: int) -> jax.Array:
+    """[D] -> [1, ..., 1, D]: explicit broadcasting, so rank promotion can stay an error."""
+    return jnp.reshape(v, (1,) * (ndim - 1) + (-1,))
+
+
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float = 1e-5) -> jax.Array:
     """(x - mean) / sqrt(var + eps) * scale + bias over the last axis.
 
@@ -21,9 +26,9 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: floa
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + eps) * scale
+    y = (x32 - mean) * jax.lax.rsqrt(var + eps) * _lift(scale, x.ndim)
     if bias is not None:
-        y = y + bias
+        y = y + _lift(bias, x.ndim)
     return y.astype(x.dtype)
 
 
@@ -31,5 +36,5 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
     """x / sqrt(mean(x^2) + eps) * scale: no mean subtraction, no bias (T5, Llama)."""
     _check_scale(x, scale, "rms_norm")
     x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps) * scale
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps) * _lift(scale, x.ndim)
     return y.astype(x.dtype)

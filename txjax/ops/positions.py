@@ -17,7 +17,8 @@ def sinusoidal_positions(positions_T: jax.Array, dim: int) -> jax.Array:
     if dim % 2:
         raise ValueError(f"sinusoidal_positions: dim must be even, got {dim}")
     inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-    angles_TK = jnp.asarray(positions_T, jnp.float32)[..., None] * inv_freq
+    positions = jnp.asarray(positions_T, jnp.float32)
+    angles_TK = positions[..., None] * inv_freq.reshape((1,) * positions.ndim + (-1,))
     table = jnp.stack([jnp.sin(angles_TK), jnp.cos(angles_TK)], axis=-1)
     return table.reshape(*angles_TK.shape[:-1], dim)
 
@@ -35,7 +36,7 @@ def apply_rope(x_BTNH: jax.Array, positions_T: jax.Array, base: float = 10000.0)
     positions = jnp.asarray(positions_T, jnp.float32)
     if positions.ndim == 1:
         positions = positions[None]
-    angles_BTK = positions[..., None] * inv_freq
+    angles_BTK = positions[..., None] * inv_freq[None, None, :]
     cos_BT1H = jnp.concatenate([jnp.cos(angles_BTK)] * 2, axis=-1)[:, :, None, :]
     sin_BT1H = jnp.concatenate([jnp.sin(angles_BTK)] * 2, axis=-1)[:, :, None, :]
     x32 = x_BTNH.astype(jnp.float32)
