@@ -317,3 +317,47 @@ def test_saving_what_gpt2_cannot_express_is_refused(changes, match, tmp_path):
     with pytest.raises(hf.UnsupportedConfigError, match=match):
         hf.save_pretrained(GPT(GPTConfig(**{**TINY, **changes})), str(tmp_path))
     assert not os.listdir(tmp_path)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def word_tokenizer(folder, vocab_size):
+    """A tokenizer.json of words w0 .. w{V-1}, with [MASK] as id 5."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(vocab_size) if i != 5}
+    vocab["[MASK]"] = 5
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w3"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["[MASK]"])
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def test_cli_continues_a_gpt_prompt_given_as_text(tmp_path, capsys):
+    from txjax import generate
+    from txjax.hf.cli import main
+
+    model = perturbed(SMALL_MODELS["gpt"](), scale=0.3)
+    hf.save_pretrained(model, str(tmp_path))
+    word_tokenizer(tmp_path, TINY["vocab_size"])
+    assert main([str(tmp_path), "--text", "w7 w8 w9", "--max-new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    want = np.asarray(generate(model, jnp.asarray([[7, 8, 9]]), 4, jax.random.key(0), temperature=0.0))[0]
+    assert "input  [7, 8, 9]" in out
+    assert f"output {[int(t) for t in want[3:]]}" in out
+    assert "text   'w7 w8 w9 " + " ".join(f"w{t}" for t in want[3:]) + "'" in out
+
+
+def test_cli_fills_bert_masks_and_refuses_text_without_tokenizer(tmp_path, capsys):
+    from txjax.hf.cli import main
+
+    model = perturbed(SMALL_MODELS["bert"]())
+    hf.save_pretrained(model, str(tmp_path))
+    with pytest.raises(SystemExit, match="no tokenizer.json"):
+        main([str(tmp_path), "--text", "w1 [MASK] w2"])
+    word_tokenizer(tmp_path, TINY["vocab_size"])
+    main([str(tmp_path), "--text", "w1 [MASK] w2", "--top", "3"])
+    out = capsys.readouterr().out
+    best = np.argsort(-np.asarray(model(jnp.asarray([[1, 5, 2]])))[0, 1])[:3]
+    assert "position 1: " + "  ".join(f"w{b}" for b in best) in out
+    assert "position 0" not in out

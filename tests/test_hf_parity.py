@@ -291,3 +291,14 @@ def test_t5_greedy_generation_matches_transformers(saved):
     for row_want, row_loop, row_cached in zip(want, loop, cached):
         assert until_eos(row_loop, eos) == until_eos(row_want, eos)
         assert until_eos(row_cached, eos) == until_eos(row_want, eos)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["t5_v1_1", "bert"])
+def test_cli_compare_runs_transformers_on_the_same_input(name, saved, capsys):
+    from txjax.hf.cli import main
+
+    _, folder = saved(name)
+    assert main([str(folder), "--prompt-ids", "4", "8", "9", "1", "--max-new-tokens", "3", "--compare"]) == 0
+    line = [s for s in capsys.readouterr().out.splitlines() if s.startswith("max |logits")][0]
+    assert float(line.split("=")[1]) <= ATOL

@@ -1,0 +1,5 @@
+"""python -m txjax.hf PATH --text ... | --prompt-ids ...  (see txjax/hf/cli.py)."""
+
+from txjax.hf.cli import main
+
+raise SystemExit(main())
