@@ -1,0 +1,59 @@
+"""Train BERT with masked-language modelling on a character-level corpus; report held-out MLM loss.
+
+    python experiments/train_bert.py --preset cpu
+    python experiments/train_bert.py --help
+
+Intentionally kept short: the logic lives in txjax.train.text, where tests reach it.
+The vocabulary size and special ids come from the tokenizer, not from the flags.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from txjax.config import BertConfig
+from txjax.train.checkpoint import CheckpointMismatch
+from txjax.train.cli import build_parser, parse_configs
+from txjax.train.config import TrainConfig
+from txjax.train.experiment import cpu_hint, fail
+from txjax.train.loop import NonFiniteLoss, RunDirError
+from txjax.train.text import TextRunConfig, run_bert
+
+PRESETS = {
+    # Sized for one accelerator: 6 layers, D 384.
+    "default": {
+        "model": BertConfig(max_len=256, d_model=384, num_heads=6, num_layers=6, d_ff=1536, dropout=0.1),
+        "train": TrainConfig(learning_rate=5e-4, warmup_steps=500, steps=10000, batch_size=128,
+                             weight_decay=0.01, b2=0.98, eval_every=1000, checkpoint_every=1000),
+        "run": TextRunConfig(name="bert_mlm", seq_len=256),
+    },
+    # Sized for 2 CPU cores: a few minutes.
+    "cpu": {
+        "model": BertConfig(max_len=128, d_model=64, num_heads=2, num_layers=2, d_ff=256),
+        "train": TrainConfig(learning_rate=2e-3, warmup_steps=50, steps=300, batch_size=32,
+                             weight_decay=0.01, b2=0.98, checkpoint_every=100, eval_batches=2),
+        "run": TextRunConfig(name="bert_mlm_cpu", seq_len=128),
+    },
+}
+
+
+def make_parser(configs):
+    return build_parser(
+        __doc__.splitlines()[0],
+        {"model": ("model (BertConfig)", configs["model"]), "train": ("training (TrainConfig)", configs["train"]),
+         "run": ("run (TextRunConfig)", configs["run"])},
+        presets=list(PRESETS), default_preset="default",
+    )
+
+
+def main(argv=None) -> dict:
+    preset, cfg = parse_configs(make_parser, PRESETS, argv, "default")
+    cpu_hint(preset)
+    try:
+        return run_bert(cfg["model"], cfg["train"], cfg["run"])
+    except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
+        fail(str(err))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

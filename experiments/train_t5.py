@@ -1,0 +1,59 @@
+"""Train T5 with span corruption on a character-level corpus; print decoded spans beside the truth.
+
+    python experiments/train_t5.py --preset cpu
+    python experiments/train_t5.py --help
+
+Intentionally kept short: the logic lives in txjax.train.text, where tests reach it.
+The vocabulary size and special ids come from the tokenizer, not from the flags.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from txjax.config import T5Config
+from txjax.train.checkpoint import CheckpointMismatch
+from txjax.train.cli import build_parser, parse_configs
+from txjax.train.config import TrainConfig
+from txjax.train.experiment import cpu_hint, fail
+from txjax.train.loop import NonFiniteLoss, RunDirError
+from txjax.train.text import TextRunConfig, run_t5
+
+PRESETS = {
+    # Sized for one accelerator: 6 layers, D 384.
+    "default": {
+        "model": T5Config(d_model=384, num_heads=6, num_layers=6, d_ff=1536, dropout=0.1),
+        "train": TrainConfig(learning_rate=5e-4, warmup_steps=500, steps=10000, batch_size=128,
+                             weight_decay=0.01, eval_every=1000, checkpoint_every=1000),
+        "run": TextRunConfig(name="t5_spans", seq_len=256),
+    },
+    # Sized for 2 CPU cores: a few minutes.
+    "cpu": {
+        "model": T5Config(d_model=64, num_heads=2, num_layers=2, d_ff=256),
+        "train": TrainConfig(learning_rate=2e-3, warmup_steps=50, steps=300, batch_size=32,
+                             weight_decay=0.01, checkpoint_every=100, eval_batches=2),
+        "run": TextRunConfig(name="t5_spans_cpu", seq_len=128),
+    },
+}
+
+
+def make_parser(configs):
+    return build_parser(
+        __doc__.splitlines()[0],
+        {"model": ("model (T5Config)", configs["model"]), "train": ("training (TrainConfig)", configs["train"]),
+         "run": ("run (TextRunConfig)", configs["run"])},
+        presets=list(PRESETS), default_preset="default",
+    )
+
+
+def main(argv=None) -> dict:
+    preset, cfg = parse_configs(make_parser, PRESETS, argv, "default")
+    cpu_hint(preset)
+    try:
+        return run_t5(cfg["model"], cfg["train"], cfg["run"])
+    except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
+        fail(str(err))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

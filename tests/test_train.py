@@ -1,0 +1,197 @@
+"""txjax.train: optimizer mask and schedule, steps, accumulation, checkpoints, resume, NaN stop."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from txjax import GPT, GPTConfig
+from txjax.data import BatchIterator
+from txjax.ops import cross_entropy
+from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
+from txjax.train.config import TrainConfig
+from txjax.train.experiment import RunConfig, train_run
+from txjax.train.loop import NonFiniteLoss, RunDirError, prepare_run_dir, read_metrics
+from txjax.train.optim import decay_mask, make_schedule
+from txjax.train.steps import Stepper, gpt_loss, token_sums
+
+TINY = GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32)
+
+
+def tiny_model(dropout=0.0, seed=0):
+    return GPT(dataclasses.replace(TINY, dropout=dropout), rngs=nnx.Rngs(seed))
+
+
+def random_rows(n=32, t=9, seed=0):
+    return np.random.default_rng(seed).integers(0, TINY.vocab_size, (n, t)).astype(np.int32)
+
+
+def shift(rows, rng=None):
+    return {"inputs": rows[:, :-1], "targets": rows[:, 1:]}
+
+
+def test_decay_mask_only_kernels():
+    mask = decay_mask(nnx.state(tiny_model(), nnx.Param))
+    flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+    assert flat and all(v == ("kernel" in k) for k, v in flat.items())
+    assert any("embedding" in k for k in flat) and any("scale" in k for k in flat)
+    assert not any(v for k, v in flat.items() if "embedding" in k or "bias" in k or "scale" in k)
+
+
+def test_schedule_warmup_then_cosine():
+    cfg = TrainConfig(learning_rate=1e-3, warmup_steps=10, steps=110, min_lr_ratio=0.1)
+    lr = make_schedule(cfg)
+    assert float(lr(0)) == 0.0
+    assert float(lr(5)) == pytest.approx(5e-4)
+    assert float(lr(10)) == pytest.approx(1e-3)
+    assert float(lr(60)) == pytest.approx(0.55e-3, rel=1e-4)
+    assert float(lr(110)) == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("changes", [
+    {"learning_rate": -1.0}, {"learning_rate": 0.0}, {"batch_size": 0}, {"steps": 0},
+    {"batch_size": 6, "grad_accum": 4}, {"b2": 1.5}, {"weight_decay": -0.1},
+])
+def test_train_config_rejects_bad_values(changes):
+    with pytest.raises(ValueError, match="TrainConfig"):
+        TrainConfig(**changes)
+
+
+def test_token_sums_ignore_and_normalise():
+    logits = jax.random.normal(jax.random.key(0), (2, 3, 5))
+    labels = jnp.array([[1, -100, 2], [-100, -100, 4]])
+    s = token_sums(logits, labels)
+    assert float(s.count) == 3.0
+    np.testing.assert_allclose(float(s.nll / s.count), float(cross_entropy(logits, labels)), rtol=1e-6)
+
+
+def test_grad_accumulation_matches_one_big_batch():
+    rows = random_rows(8)
+    batch = shift(rows)
+    # Uneven real-token counts per micro-batch: normalisation must use the total count.
+    batch["targets"] = batch["targets"].copy()
+    batch["targets"][:4, 3:] = -100
+    results = []
+    for accum in (1, 4):
+        cfg = TrainConfig(batch_size=8, grad_accum=accum, warmup_steps=0, learning_rate=1e-2, steps=5)
+        stepper = Stepper(tiny_model(), gpt_loss, cfg)
+        state, metrics = stepper.train_step(stepper.init_state(), batch, jax.random.key(0))
+        results.append((state.params, jax.device_get(metrics)))
+    (p1, m1), (p4, m4) = results
+    assert m1["tokens"] == m4["tokens"] == 4 * 3 + 4 * 8
+    np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-5)
+    np.testing.assert_allclose(m1["grad_norm"], m4["grad_norm"], rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_train_step_reports_loss_of_current_params_and_learns():
+    cfg = TrainConfig(batch_size=8, warmup_steps=0, learning_rate=1e-2, steps=30)
+    stepper = Stepper(tiny_model(), gpt_loss, cfg)
+    batch = shift(random_rows(8))
+    state = stepper.init_state()
+    expected = float(cross_entropy(stepper.model(state.params)(batch["inputs"]), batch["targets"]))
+    losses = []
+    for _ in range(30):
+        state, m = stepper.train_step(state, batch, jax.random.key(0))
+        losses.append(float(m["loss"]))
+    assert losses[0] == pytest.approx(expected, rel=1e-5)
+    assert losses[-1] < 0.65 * losses[0]  # learns to memorise one batch
+    assert int(state.step) == 30
+
+
+def test_dropout_keys_depend_on_step_and_are_reproducible():
+    cfg = TrainConfig(batch_size=8, warmup_steps=0, steps=5)
+    batch = shift(random_rows(8))
+    out = []
+    for _ in range(2):
+        stepper = Stepper(tiny_model(dropout=0.5), gpt_loss, cfg)
+        s0 = stepper.init_state()
+        s1, m1 = stepper.train_step(s0, batch, jax.random.key(3))
+        s2, m2 = stepper.train_step(s1, batch, jax.random.key(3))
+        out.append((float(m1["loss"]), float(m2["loss"])))
+    assert out[0] == out[1]
+    evals = stepper.evaluate(s2.params, [batch]), stepper.evaluate(s2.params, [batch])
+    assert evals[0] == evals[1]  # dropout is off in evaluation
+
+
+def test_checkpoint_round_trip(tmp_path):
+    cfg = TrainConfig(batch_size=8, warmup_steps=0, steps=5)
+    stepper = Stepper(tiny_model(), gpt_loss, cfg)
+    state, _ = stepper.train_step(stepper.init_state(), shift(random_rows(8)), jax.random.key(0))
+    ck = Checkpointer(tmp_path / "ck")
+    ck.save(1, state, {"data": {"epoch": 0}, "note": "x"})
+    restored, meta = ck.restore(stepper.init_state())
+    ck.close()
+    assert meta == {"data": {"epoch": 0}, "note": "x"}
+    assert jax.tree.structure(restored) == jax.tree.structure(state)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _run(tmp_path, name, cfg, stop_at=None, loss_fn=gpt_loss, batches=None, model=None):
+    if batches is None:
+        batches = BatchIterator(random_rows(48), cfg.batch_size, seed=cfg.seed, transform=shift)
+    return train_run(model or tiny_model(dropout=0.1), loss_fn, cfg,
+                     RunConfig(name=name, runs_dir=str(tmp_path)), batches, stop_at=stop_at,
+                     log=lambda *_: None)
+
+
+@pytest.mark.slow
+def test_resume_continues_the_same_trajectory(tmp_path):
+    """2N steps straight == N steps, stop (as if killed), resume, N more: same parameters."""
+    cfg = TrainConfig(batch_size=8, grad_accum=2, steps=8, warmup_steps=2, checkpoint_every=4,
+                      learning_rate=1e-2, progress=False, log_every=1)
+    _, straight, _ = _run(tmp_path, "straight", cfg)
+    _, half, summary = _run(tmp_path, "resumed", cfg, stop_at=4)
+    assert summary["steps"] == 4
+    _, resumed, summary = _run(tmp_path, "resumed", cfg)
+    assert summary["resumed_from"] == 4 and int(resumed.step) == 8
+    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(straight.opt_state), jax.tree.leaves(resumed.opt_state)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    rows = [r for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if r["split"] == "train"]
+    assert [r["step"] for r in rows] == list(range(1, 9))  # no duplicated steps after resume
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    cfg = TrainConfig(batch_size=4, steps=12, warmup_steps=0, checkpoint_every=3, progress=False)
+    data = shift(random_rows(48))
+    data["poison"] = np.zeros(48, np.float32)
+    data["poison"][24:28] = np.nan  # batch 7 without shuffling (steps count from 1)
+
+    def poisoned_loss(model, batch):
+        s = gpt_loss(model, batch)
+        return s._replace(nll=s.nll + jnp.sum(batch["poison"]))
+
+    batches = BatchIterator(data, cfg.batch_size, shuffle=False)
+    with pytest.raises(NonFiniteLoss, match="step 7.*last good checkpoint is step 6"):
+        _run(tmp_path, "nan", cfg, loss_fn=poisoned_loss, batches=batches)
+    ck = Checkpointer(tmp_path / "nan" / "checkpoints")
+    assert ck.latest_step() == 6
+    state, meta = ck.restore(Stepper(tiny_model(dropout=0.1), gpt_loss, cfg).init_state())
+    ck.close()
+    assert meta["step"] == 6 and meta["data"]["step"] == 6
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
+
+
+def test_checkpoint_from_a_different_config_is_refused(tmp_path):
+    cfg = TrainConfig(batch_size=8, steps=2, warmup_steps=0, checkpoint_every=1, progress=False)
+    _run(tmp_path, "a", cfg)
+    with pytest.raises(CheckpointMismatch, match="learning_rate"):
+        _run(tmp_path, "a", cfg.replace(learning_rate=1e-2))
+    other = GPT(dataclasses.replace(TINY, d_model=32, dropout=0.1), rngs=nnx.Rngs(0))
+    with pytest.raises(CheckpointMismatch, match="d_model: 16 -> 32"):
+        _run(tmp_path, "a", cfg, model=other)
+
+
+def test_unwritable_run_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(RunDirError, match="cannot write to the run folder"):
+        prepare_run_dir(blocker / "run")

@@ -1,0 +1,105 @@
+"""What every experiment script shares: the run folder, resume-or-start, the loop, the summary.
+
+A run lives in `<runs_dir>/<name>/`: config.json, metrics.jsonl, checkpoints/, plots and
+summary.json. Starting a script again with the same name resumes from the latest
+checkpoint (refused, with the differing fields listed, if the configs differ).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from txjax.train.checkpoint import Checkpointer
+from txjax.train.config import TrainConfig
+from txjax.train.loop import fit, prepare_run_dir, restore_or_init, write_json
+from txjax.train.steps import Stepper, TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Where a run writes, and whether it resumes."""
+
+    name: str = "run"  # run folder name: <runs_dir>/<name>
+    runs_dir: str = "runs"  # parent folder of all runs
+    overwrite: bool = False  # delete an existing <runs_dir>/<name> and start over instead of resuming
+
+    def __post_init__(self):
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ValueError(f"name must be a plain folder name, got {self.name!r}")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.name
+
+
+def config_sections(model_cfg, train_cfg: TrainConfig, run_cfg) -> dict[str, dict]:
+    """The JSON form of a run's configs, as saved in config.json and every checkpoint."""
+    return {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "run": dataclasses.asdict(run_cfg)}
+
+
+# Fields that may differ between a checkpoint and the run resuming it.
+RESUME_IGNORES = {"train": TrainConfig.RESUMABLE_CHANGES,
+                  "run": ("overwrite", "runs_dir", "temperature", "num_samples", "top_k", "show")}
+
+
+def on_accelerator() -> bool:
+    return jax.default_backend() != "cpu"
+
+
+def train_run(
+    model,
+    loss_fn,
+    train_cfg: TrainConfig,
+    run_cfg,
+    batches,
+    *,
+    extra_meta: dict | None = None,
+    eval_fn: Callable[[Stepper, Any], dict] | None = None,
+    stop_at: int | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[Stepper, TrainState, dict]:
+    """Prepare the run folder, resume or start, train, and return (stepper, state, fit summary).
+
+    extra_meta: more JSON saved in config.json and checkpoints (e.g. the tokenizer).
+    eval_fn(stepper, params) -> {name: value}: held-out metrics during and after training.
+    """
+    run_dir = prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)
+    sections = config_sections(model.config, train_cfg, run_cfg)
+    write_json(run_dir / "config.json", {**sections, **(extra_meta or {})})
+    stepper = Stepper(model, loss_fn, train_cfg)
+    checkpointer = Checkpointer(run_dir / "checkpoints", keep=train_cfg.keep_checkpoints)
+    try:
+        state, start = restore_or_init(stepper, checkpointer, batches, sections, RESUME_IGNORES)
+        if start:
+            log(f"resuming {run_dir} from step {start}")
+        if start >= train_cfg.steps:
+            log(f"{run_dir} already finished {start} steps")
+        state, summary = fit(
+            stepper, state, batches, run_dir=run_dir, checkpointer=checkpointer,
+            meta={**sections, **(extra_meta or {})}, start_step=start,
+            eval_fn=None if eval_fn is None else (lambda params: eval_fn(stepper, params)),
+            stop_at=stop_at, log=log,
+        )
+    finally:
+        checkpointer.close()
+    summary["resumed_from"] = start
+    return stepper, state, summary
+
+
+def cpu_hint(preset: str, log: Callable[[str], None] = print) -> None:
+    """On a machine without an accelerator, point at the CPU preset."""
+    if preset != "cpu" and not on_accelerator():
+        log("note: no accelerator found; this preset is sized for one and will be slow on CPU. "
+            "Try --preset cpu.")
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print an error for a user (no traceback) and exit."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)

@@ -1,0 +1,250 @@
+"""The binarized-MNIST GPT experiment: data, baseline, test NLL, samples, the whole run.
+
+Images are binarized and cut into 2×2 patches (`txjax.data.PatchTokenizer`): 196 patch
+ids in 0..15 after a BOS id 16, 197 tokens. The model reads tokens 0..195 and predicts
+tokens 1..196, the 196 patches. A test image's NLL is the sum of its 196 token NLLs in
+nats; bits per pixel divide that by ln 2 and by 784 pixels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import txjax
+from txjax.config import GPTConfig
+from txjax.data import BatchIterator, PatchTokenizer, ar_shift, load_mnist
+from txjax.ops import token_nll
+from txjax.train.config import TrainConfig
+from txjax.train.experiment import RunConfig, train_run
+from txjax.train.loop import write_json
+from txjax.train.plots import plot_loss_curve, save_image_grid
+from txjax.train.steps import Stepper, gpt_loss
+
+PIXELS = 784
+
+
+@dataclasses.dataclass(frozen=True)
+class MnistRunConfig(RunConfig):
+    """The MNIST run: data, tokenizer, evaluation and sampling."""
+
+    name: str = "gpt_mnist"  # run folder name: <runs_dir>/<name>
+    data: str | None = None  # MNIST .npz or folder; None: ../shared/data beside the repo if there, else txjax.data.load_mnist's search
+    patch: int = 2  # patch side in pixels; vocabulary 2**(patch*patch) + 1 (BOS)
+    threshold: float = 0.5  # a pixel is on when it exceeds threshold * 255
+    train_images: int = 0  # use the first N training images; 0: all 60,000
+    test_images: int = 0  # score the first N test images; 0: all 10,000
+    eval_batch_size: int = 500  # images per batch when scoring the test set
+    temperature: float = 1.0  # sampling temperature for samples.png
+    num_samples: int = 64  # digits drawn into samples.png
+    top_k: int | None = None  # sample only among the k most likely patches; None: all
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("eval_batch_size", "num_samples", "patch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("train_images", "test_images"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
+
+
+def default_data_path() -> Path | None:
+    """`../shared/data/mnist.npz` relative to the repository holding this package, if present."""
+    candidate = Path(txjax.__file__).resolve().parent.parent.parent / "shared" / "data" / "mnist.npz"
+    return candidate if candidate.is_file() else None
+
+
+def load_tokens(run_cfg: MnistRunConfig) -> tuple[PatchTokenizer, np.ndarray, np.ndarray, str]:
+    """(tokenizer, train tokens [N, 197], test tokens [M, 197], data source)."""
+    path = run_cfg.data if run_cfg.data is not None else default_data_path()
+    data = load_mnist(path)
+    tok = PatchTokenizer(patch=run_cfg.patch, threshold=run_cfg.threshold)
+    x_train = data.x_train[: run_cfg.train_images or None]
+    x_test = data.x_test[: run_cfg.test_images or None]
+    return tok, tok.encode(x_train), tok.encode(x_test), data.source
+
+
+def shifted(tokens_BT: np.ndarray, rng=None) -> dict[str, np.ndarray]:
+    """A GPT batch: inputs tokens[:, :-1] (BOS first), targets tokens[:, 1:] (the patches)."""
+    inputs_BT, targets_BT = ar_shift(tokens_BT)
+    return {"inputs": inputs_BT.astype(np.int32), "targets": targets_BT}
+
+
+def unigram_baseline(train_BT: np.ndarray, test_BT: np.ndarray, num_ids: int, alpha: float = 1.0) -> float:
+    """Mean test NLL (nats per image) of independent per-position patch distributions.
+
+    For each of the patch positions, p(id) = (count + alpha) / (N + alpha * num_ids) from
+    the training tokens (alpha = 1: add-one / Laplace smoothing), so no test id gets
+    probability 0. BOS (column 0) is excluded: it is given, not predicted.
+    """
+    train, test = train_BT[:, 1:], test_BT[:, 1:]
+    positions = train.shape[1]
+    counts_PV = np.zeros((positions, num_ids), np.float64)
+    for v in range(num_ids):
+        counts_PV[:, v] = (train == v).sum(axis=0)
+    logp_PV = np.log(counts_PV + alpha) - np.log(train.shape[0] + alpha * num_ids)
+    nll = -logp_PV[np.arange(positions)[None, :], test]
+    return float(nll.sum(axis=1).mean())
+
+
+def image_nll(stepper: Stepper, params, tokens_BT: np.ndarray, batch_size: int) -> np.ndarray:
+    """Per-image NLL in nats (sum over the predicted patches), float64 [N]."""
+
+    @jax.jit
+    def per_image(params, inputs_BT, targets_BT):
+        nll_BT, _ = token_nll(stepper.model(params)(inputs_BT), targets_BT)
+        return jnp.sum(nll_BT, axis=1)
+
+    n = tokens_BT.shape[0]
+    out = []
+    for start in range(0, n, batch_size):
+        chunk = tokens_BT[start: start + batch_size]
+        real = chunk.shape[0]
+        if real < batch_size:  # pad to the compiled shape; padded rows are dropped
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, axis=0)])
+        b = shifted(chunk)
+        out.append(np.asarray(per_image(params, b["inputs"], b["targets"]), np.float64)[:real])
+    return np.concatenate(out)
+
+
+def nats_to_bits_per_pixel(nats_per_image: float) -> float:
+    return nats_per_image / math.log(2) / PIXELS
+
+
+def _sample_without_cache(model, prompt_BT, max_new_tokens, key, temperature, top_k):
+    """Minimal sampler: a full forward pass per new token over a fixed-length buffer.
+
+    Used only if `txjax.generate` (the KV-cache decoder) is not available.
+    """
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(state, prompt_BT, key):
+        m = nnx.merge(graphdef, state)
+        b, p = prompt_BT.shape
+        buf_BT = jnp.concatenate([prompt_BT, jnp.zeros((b, max_new_tokens), prompt_BT.dtype)], axis=1)
+
+        def body(t, carry):
+            buf_BT, key = carry
+            key, sub = jax.random.split(key)
+            logits_BV = m(buf_BT)[:, t - 1].astype(jnp.float32) / temperature
+            if top_k is not None:
+                kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
+                logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
+            tok_B = jax.random.categorical(sub, logits_BV, axis=-1).astype(buf_BT.dtype)
+            return buf_BT.at[:, t].set(tok_B), key
+
+        return jax.lax.fori_loop(p, p + max_new_tokens, body, (buf_BT, key))[0]
+
+    return run(state, prompt_BT, key)
+
+
+def sample_tokens(model, prompt_BT, max_new_tokens: int, key, temperature: float = 1.0,
+                  top_k: int | None = None) -> np.ndarray:
+    """Sample continuations with `txjax.generate` (KV cache) if present, else the minimal sampler."""
+    try:
+        from txjax.decoding import generate
+    except ImportError:
+        generate = None
+    if generate is not None:
+        out = generate(model, prompt_BT, max_new_tokens, key, temperature=temperature, top_k=top_k)
+    else:
+        out = _sample_without_cache(model, jnp.asarray(prompt_BT), max_new_tokens, key, temperature, top_k)
+    return np.asarray(out)
+
+
+def sample_digits(model, tok: PatchTokenizer, n: int, key, temperature: float = 1.0,
+                  top_k: int | None = None) -> np.ndarray:
+    """n sampled images [n, 28, 28] in {0.0, 1.0}; patch ids are kept below BOS."""
+    prompt_BT = np.full((n, 1), tok.bos_id, np.int32)
+    tokens_BT = sample_tokens(model, prompt_BT, tok.seq_len - 1, key, temperature, top_k)
+    patches = tokens_BT[:, -(tok.seq_len - 1):]
+    # A trained model almost never emits BOS mid-image; if it does, show that patch blank.
+    patches = np.where(patches >= tok.bos_id, 0, patches)
+    return tok.decode(patches, dtype=np.float32)
+
+
+def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRunConfig,
+                  *, stop_at: int | None = None, log=print) -> dict:
+    """Train (or resume) a GPT on binarized MNIST, then score the test set and draw samples.
+
+    Writes config.json, metrics.jsonl, checkpoints/, loss.png, samples.png and
+    summary.json into run_cfg.run_dir; returns the summary.
+    """
+    t0 = time.perf_counter()
+    tok, train_BT, test_BT, source = load_tokens(run_cfg)
+    if model_cfg.vocab_size != tok.vocab_size:
+        raise ValueError(f"vocab_size={model_cfg.vocab_size} but {run_cfg.patch}x{run_cfg.patch} patches "
+                         f"need {tok.vocab_size} (patch ids and BOS)")
+    if model_cfg.position == "learned" and model_cfg.max_len < tok.seq_len - 1:
+        raise ValueError(f"max_len={model_cfg.max_len} is shorter than the {tok.seq_len - 1} input tokens")
+    log(f"MNIST from {source}: {len(train_BT)} train / {len(test_BT)} test images, "
+        f"{tok.seq_len} tokens each (BOS {tok.bos_id}, vocab {tok.vocab_size})")
+    model = txjax.GPT(model_cfg, rngs=nnx.Rngs(train_cfg.seed))
+    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    log(f"GPT: {n_params:,} parameters, {model_cfg.num_layers} layers, d_model {model_cfg.d_model}")
+    batches = BatchIterator(train_BT, train_cfg.batch_size, seed=train_cfg.seed, transform=shifted)
+    held_out = test_BT[: train_cfg.eval_batches * run_cfg.eval_batch_size]
+
+    def eval_fn(stepper, params):
+        b = run_cfg.eval_batch_size
+        chunks = [shifted(held_out[i: i + b]) for i in range(0, len(held_out) - b + 1, b)]
+        return stepper.evaluate(params, chunks or [shifted(held_out)])
+
+    tokenizer_meta = {"tokenizer": {"kind": "patch", **dataclasses.asdict(tok)}}
+    stepper, state, fit_summary = train_run(
+        model, gpt_loss, train_cfg, run_cfg, batches, extra_meta=tokenizer_meta,
+        eval_fn=eval_fn, stop_at=stop_at, log=log)
+    return finish_gpt_mnist(stepper, state.params, tok, train_BT, test_BT, run_cfg, fit_summary, t0, log)
+
+
+def finish_gpt_mnist(stepper, params, tok, train_BT, test_BT, run_cfg, fit_summary, t0, log=print) -> dict:
+    run_dir = run_cfg.run_dir
+    t_eval = time.perf_counter()
+    nll = image_nll(stepper, params, test_BT, run_cfg.eval_batch_size)
+    nats = float(nll.mean())
+    baseline = unigram_baseline(train_BT, test_BT, tok.bos_id)
+    eval_s = time.perf_counter() - t_eval
+    t_sample = time.perf_counter()
+    images = sample_digits(stepper.model(params), tok, run_cfg.num_samples,
+                           jax.random.key(stepper.cfg.seed + 7), run_cfg.temperature, run_cfg.top_k)
+    sample_s = time.perf_counter() - t_sample
+    save_image_grid(images, run_dir / "samples.png",
+                    title=f"{run_cfg.num_samples} samples, temperature {run_cfg.temperature}")
+    plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
+    summary = {
+        "test_images": int(len(test_BT)),
+        "test_nll_nats_per_image": nats,
+        "test_bits_per_pixel": nats_to_bits_per_pixel(nats),
+        "unigram_baseline_nats_per_image": baseline,
+        "unigram_baseline_bits_per_pixel": nats_to_bits_per_pixel(baseline),
+        "unigram_smoothing": "add-one (Laplace) per position over the 16 patch ids",
+        "steps": fit_summary["steps"],
+        "train_loss": fit_summary["train_loss"],
+        "train_ms_per_step": fit_summary["ms_per_step"],
+        "train_tokens_per_s": fit_summary["tokens_per_s"],
+        "train_wall_s": fit_summary["wall_s"],
+        "test_eval_s": eval_s,
+        "sampling_s": sample_s,
+        "total_wall_s": time.perf_counter() - t0,
+        "resumed_from": fit_summary["resumed_from"],
+        "backend": jax.default_backend(),
+    }
+    write_json(run_dir / "summary.json", summary)
+    log(f"test NLL {nats:.2f} nats/image = {summary['test_bits_per_pixel']:.4f} bits/pixel "
+        f"over {len(test_BT)} test images; per-position unigram baseline {baseline:.2f} nats/image "
+        f"= {summary['unigram_baseline_bits_per_pixel']:.4f} bits/pixel")
+    log(f"wrote {run_dir}/samples.png, loss.png, metrics.jsonl, summary.json, checkpoints/")
+    return summary

@@ -1,0 +1,54 @@
+"""AdamW with linear warmup, cosine decay, global-norm clipping and a weight-decay mask."""
+
+from __future__ import annotations
+
+import jax
+import optax
+
+from txjax.train.config import TrainConfig
+
+DECAYED_NAMES = ("kernel",)
+"""Leaf names that get weight decay: the weight matrices of `nnx.Linear`."""
+
+
+def _leaf_name(path) -> str:
+    """The last named key of a state path, skipping `.value` of an nnx.Variable."""
+    for key in reversed(path):
+        name = getattr(key, "key", getattr(key, "name", None))
+        if isinstance(name, str) and name != "value":
+            return name
+    return ""
+
+
+def decay_mask(params):
+    """A pytree of bools like `params`: True where weight decay applies.
+
+    Only dense kernels (`.../kernel`) decay. Token and position embeddings
+    (`embedding`, `table`), norm scales and biases (`scale`, `bias`) and T5's
+    relative-bias table do not: decaying them pulls norms towards zero and shrinks
+    rare tokens' embeddings, which is why GPT-2, nanoGPT and t5x exempt them.
+    """
+    return jax.tree_util.tree_map_with_path(lambda p, _: _leaf_name(p) in DECAYED_NAMES, params)
+
+
+def make_schedule(cfg: TrainConfig) -> optax.Schedule:
+    """0 -> learning_rate linearly over warmup_steps, then cosine to learning_rate*min_lr_ratio."""
+    warmup = min(cfg.warmup_steps, cfg.steps)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=cfg.learning_rate,
+        warmup_steps=warmup,
+        decay_steps=max(cfg.steps, warmup + 1),
+        end_value=cfg.learning_rate * cfg.min_lr_ratio,
+    )
+
+
+def make_optimizer(cfg: TrainConfig, params) -> optax.GradientTransformation:
+    """clip_by_global_norm(grad_clip) then AdamW(schedule), decay masked by `decay_mask(params)`."""
+    adamw = optax.adamw(
+        make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+        weight_decay=cfg.weight_decay, mask=decay_mask(params),
+    )
+    if cfg.grad_clip > 0:
+        return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
+    return adamw

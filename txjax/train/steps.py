@@ -1,0 +1,175 @@
+"""Loss functions per family and the pure, jitted train / eval steps over NNX split state.
+
+The model is split once (`nnx.split(model, nnx.Param, ...)`): a static graphdef, the
+parameters, and the rest (dropout RNG streams). `train_step` is a pure function of
+(state, batch, key), jitted once with the state's buffers donated; every call merges the
+graphdef with the traced parameters, so no Python walks the object graph per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from txjax.ops import token_nll
+from txjax.train.config import TrainConfig
+from txjax.train.optim import make_optimizer, make_schedule
+
+Batch = dict[str, Any]
+
+
+class LossSums(NamedTuple):
+    """Sums over one batch; dividing by `count` gives means over real (non -100) tokens."""
+
+    nll: jax.Array  # summed negative log-likelihood, nats
+    count: jax.Array  # number of real target tokens
+    correct: jax.Array  # real tokens whose argmax prediction is right
+
+
+def token_sums(logits_BTV: jax.Array, labels_BT: jax.Array) -> LossSums:
+    """NLL, token count and correct count for labels that are not -100."""
+    nll_BT, weights_BT = token_nll(logits_BTV, labels_BT)
+    correct_BT = (jnp.argmax(logits_BTV, axis=-1) == labels_BT) & weights_BT
+    return LossSums(jnp.sum(nll_BT), jnp.sum(weights_BT).astype(jnp.float32),
+                    jnp.sum(correct_BT).astype(jnp.float32))
+
+
+def gpt_loss(model, batch: Batch) -> LossSums:
+    """batch: inputs [B, T], targets [B, T] (-100 ignored)."""
+    return token_sums(model(batch["inputs"]), batch["targets"])
+
+
+def bert_loss(model, batch: Batch) -> LossSums:
+    """batch: inputs [B, T] (masked), targets [B, T] (-100 where not predicted), optional segment_ids."""
+    return token_sums(model(batch["inputs"], batch.get("segment_ids")), batch["targets"])
+
+
+def t5_loss(model, batch: Batch) -> LossSums:
+    """batch: enc_inputs [B, S], dec_inputs [B, T] (targets shifted right), targets [B, T]."""
+    return token_sums(model(batch["enc_inputs"], batch["dec_inputs"]), batch["targets"])
+
+
+LOSSES: dict[str, Callable[[Any, Batch], LossSums]] = {"gpt": gpt_loss, "bert": bert_loss, "t5": t5_loss}
+
+
+class TrainState(NamedTuple):
+    """Everything a step changes: parameters, optimizer moments, and the step count."""
+
+    params: Any  # nnx.State of nnx.Param
+    opt_state: Any  # optax state
+    step: jax.Array  # int32 scalar: optimizer steps taken
+
+
+def fresh_rngs(rest, key: jax.Array):
+    """The non-parameter state with every RNG key replaced by fold_in(key, i) and counts zeroed.
+
+    Why: dropout keys become a pure function of (seed, step), so a resumed run draws
+    exactly the same masks without checkpointing RNG state, and each dropout layer
+    still gets its own key.
+    """
+    leaves, treedef = jax.tree.flatten(rest)
+    out = []
+    for i, leaf in enumerate(leaves):
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            out.append(jax.random.wrap_key_data(
+                jax.random.key_data(jax.random.fold_in(key, i)), impl=jax.random.key_impl(leaf)))
+        else:
+            out.append(jnp.zeros_like(leaf))
+    return jax.tree.unflatten(treedef, out)
+
+
+class Stepper:
+    """Owns the split model, the optimizer and the two jitted steps.
+
+    `train_step(state, batch, key) -> (state, metrics)`: the state is donated. The batch
+    holds `batch_size` examples; with `grad_accum = A` they are cut into A micro-batches
+    whose summed NLL gradients are divided by the total real-token count of all A, so the
+    result equals one big batch. metrics: loss, accuracy, tokens, grad_norm, lr (device arrays).
+    `eval_step(params, batch) -> LossSums` runs the model with dropout off.
+    """
+
+    def __init__(self, model: nnx.Module, loss_fn: Callable[[Any, Batch], LossSums], cfg: TrainConfig):
+        self.cfg = cfg
+        self.loss_fn = loss_fn
+        self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+        self.eval_graphdef = nnx.split(nnx.view(model, deterministic=True, raise_if_not_found=False),
+                                       nnx.Param, ...)[0]
+        self.init_params = params
+        self.optimizer = make_optimizer(cfg, params)
+        self.schedule = make_schedule(cfg)
+        self.train_step = jax.jit(self._train_step, donate_argnums=(0,))
+        self.eval_step = jax.jit(self._eval_step)
+
+    def init_state(self, params=None) -> TrainState:
+        params = self.init_params if params is None else params
+        return TrainState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    def model(self, params, *, train: bool = False) -> nnx.Module:
+        """A module built from `params` (dropout off unless train=True)."""
+        return nnx.merge(self.graphdef if train else self.eval_graphdef, params, self.rest)
+
+    def _micro_batches(self, batch: Batch) -> Batch:
+        a = self.cfg.grad_accum
+
+        def split(x):
+            x = jnp.asarray(x)
+            if x.shape[0] % a:
+                raise ValueError(f"batch of {x.shape[0]} examples is not divisible by grad_accum={a}")
+            return x.reshape(a, x.shape[0] // a, *x.shape[1:])
+
+        return jax.tree.map(split, batch)
+
+    def _train_step(self, state: TrainState, batch: Batch, key: jax.Array):
+        step_key = jax.random.fold_in(key, state.step)
+
+        def micro_loss(params, micro, i):
+            rest = fresh_rngs(self.rest, jax.random.fold_in(step_key, i))
+            sums = self.loss_fn(nnx.merge(self.graphdef, params, rest), micro)
+            return sums.nll, sums
+
+        grad_fn = jax.grad(micro_loss, has_aux=True)
+
+        def body(carry, xs):
+            grads_acc, sums_acc = carry
+            micro, i = xs
+            grads, sums = grad_fn(state.params, micro, i)
+            return (jax.tree.map(jnp.add, grads_acc, grads),
+                    jax.tree.map(jnp.add, sums_acc, sums)), None
+
+        zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+        zero_sums = LossSums(*(jnp.zeros((), jnp.float32) for _ in range(3)))
+        micro = self._micro_batches(batch)
+        (grads, sums), _ = jax.lax.scan(
+            body, (zero_grads, zero_sums), (micro, jnp.arange(self.cfg.grad_accum)))
+        count = jnp.maximum(sums.count, 1.0)
+        grads = jax.tree.map(lambda g: g / count, grads)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": sums.nll / count,
+            "accuracy": sums.correct / count,
+            "tokens": sums.count,
+            "grad_norm": optax.tree.norm(grads),
+            "lr": self.schedule(state.step),
+        }
+        return TrainState(params, opt_state, state.step + 1), metrics
+
+    def _eval_step(self, params, batch: Batch) -> LossSums:
+        return self.loss_fn(self.model(params), batch)
+
+    def evaluate(self, params, batches) -> dict[str, float]:
+        """Mean loss and accuracy over real tokens of all `batches` (an iterable of batches)."""
+        total = None
+        for batch in batches:
+            sums = self.eval_step(params, batch)
+            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+        if total is None:
+            raise ValueError("evaluate: no batches")
+        nll, count, correct = (float(x) for x in jax.device_get(total))
+        count_ = max(count, 1.0)
+        return {"loss": nll / count_, "accuracy": correct / count_, "tokens": count}
