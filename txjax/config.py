@@ -15,6 +15,7 @@ POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+ATTENTION_IMPLS = ("reference", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,7 @@ class TransformerConfig:
     num_buckets: int = 32  # T5 relative-position buckets
     max_distance: int = 128  # T5: offsets beyond this share the last bucket
     pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
+    attention_impl: str = "reference"  # "reference" (txjax.ops) or "xla" (jax.nn.dot_product_attention)
 
     family: ClassVar[str] = "transformer"
 
@@ -55,6 +57,7 @@ class TransformerConfig:
             ("norm", NORMS),
             ("norm_position", NORM_POSITIONS),
             ("activation", ACTIVATIONS),
+            ("attention_impl", ATTENTION_IMPLS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(

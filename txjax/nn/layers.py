@@ -118,6 +118,7 @@ class MultiHeadAttention(nnx.Module):
         self.d_model = d
         self.scale = config.attention_scale
         self.rope_base = config.rope_base
+        self.attention_impl = config.attention_impl
         self.q = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
         self.k = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
         self.v = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
@@ -142,7 +143,9 @@ class MultiHeadAttention(nnx.Module):
         if rope_positions is not None:
             q_BTNH = ops.apply_rope(q_BTNH, rope_positions[0], self.rope_base)
             k_BSNH = ops.apply_rope(k_BSNH, rope_positions[1], self.rope_base)
-        out_BTNH = ops.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, self.scale)
+        out_BTNH = ops.dot_product_attention(
+            q_BTNH, k_BSNH, v_BSNH, bias, self.scale, implementation=self.attention_impl
+        )
         return self.o(ops.merge_heads(out_BTNH))
 
 

@@ -1,0 +1,90 @@
+"""attention_impl="xla" (jax.nn.dot_product_attention) agrees with the reference attention."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from txjax import GPT, T5, GPTConfig, T5Config, ops
+
+B, T, N, H = 2, 7, 4, 8
+
+
+def qkv(seed=0):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    shape = (B, T, N, H)
+    return (jax.random.normal(k1, shape), jax.random.normal(k2, shape), jax.random.normal(k3, shape))
+
+
+def t5_bias():
+    table_KN = jax.random.normal(jax.random.key(5), (32, N))
+    pos = jnp.arange(T)
+    bucket_TS = ops.t5_relative_position_bucket(pos[None, :] - pos[:, None], bidirectional=False)
+    return jnp.transpose(table_KN[bucket_TS], (2, 0, 1))[None]
+
+
+def biases():
+    tokens = jnp.array([[3, 4, 5, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]])  # row 2: every key is padding
+    causal = ops.mask_to_bias(ops.causal_mask(T))
+    padding = ops.mask_to_bias(ops.padding_mask(tokens, 0))
+    alibi = ops.alibi_bias(N, jnp.arange(T), jnp.arange(T))
+    return {
+        "none": None,
+        "causal": causal,
+        "padding": padding,
+        "causal+padding": ops.mask_to_bias(ops.causal_mask(T) & ops.padding_mask(tokens, 0)),
+        "t5": causal + t5_bias(),
+        "alibi": causal + alibi,
+    }
+
+
+@pytest.mark.parametrize("name", list(biases()))
+def test_xla_matches_reference_values_and_gradients(name):
+    bias = biases()[name]
+    q, k, v = qkv()
+
+    def loss(impl, q, k, v):
+        out = ops.dot_product_attention(q, k, v, bias, implementation=impl)
+        return jnp.sum(out * jnp.cos(jnp.arange(H, dtype=jnp.float32)).reshape(1, 1, 1, H)), out
+
+    def grads(impl):
+        return jax.jit(jax.value_and_grad(lambda *a: loss(impl, *a), (0, 1, 2), has_aux=True))(q, k, v)
+
+    (_, out_ref), g_ref = grads("reference")
+    (_, out_xla), g_xla = grads("xla")
+    np.testing.assert_allclose(out_xla, out_ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(g_xla, g_ref):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    if name == "padding":  # the all-padding sequence attends to nothing: zeros, not NaN
+        np.testing.assert_array_equal(out_xla[1], 0.0)
+
+
+def test_unknown_implementation_is_an_error():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="not one of"):
+        ops.dot_product_attention(q, k, v, implementation="flash")
+    with pytest.raises(ValueError, match="attention_impl"):
+        GPTConfig(attention_impl="flash")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("position", ["learned", "alibi", "rope"])
+def test_gpt_logits_agree_across_implementations(position):
+    config = GPTConfig(vocab_size=13, max_len=T, d_model=16, num_heads=2, num_layers=2, d_ff=32,
+                       position=position, pad_id=0)
+    tokens = jnp.array([[1, 2, 3, 4, 0, 0, 0], [5, 6, 7, 8, 9, 10, 11]])
+    ref = GPT(config, rngs=nnx.Rngs(0))(tokens)
+    xla = GPT(config.replace(attention_impl="xla"), rngs=nnx.Rngs(0))(tokens)
+    np.testing.assert_allclose(xla, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_t5_logits_agree_across_implementations():
+    config = T5Config(vocab_size=13, max_len=T, d_model=16, num_heads=2, num_layers=1, d_ff=32)
+    enc = jnp.array([[3, 4, 5, 1, 0, 0, 0], [6, 7, 8, 9, 10, 11, 1]])
+    dec = jnp.array([[0, 3, 4, 5], [0, 6, 7, 8]])
+    ref = T5(config, rngs=nnx.Rngs(0))(enc, dec)
+    xla = T5(config.replace(attention_impl="xla"), rngs=nnx.Rngs(0))(enc, dec)
+    np.testing.assert_allclose(xla, ref, atol=1e-5, rtol=1e-5)
