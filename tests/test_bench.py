@@ -1,0 +1,69 @@
+"""python -m txjax.bench: fields, consistency with txjax.cost, and the last-line JSON.
+
+Nothing here asserts a speed: timings are reported by the command, never tested.
+"""
+
+import json
+
+import pytest
+
+from txjax import bench, cost
+
+TINY = ["--vocab", "11", "--seq", "8", "--d-model", "16", "--heads", "2", "--layers", "1",
+        "--d-ff", "32", "--batch", "2", "--steps", "2", "--warmup", "1"]
+FIELDS = ("ms_per_step", "tokens_per_s", "model_flops_per_step", "peak_flops", "mfu")
+
+
+def run(capsys, argv):
+    result = bench.main(argv)
+    out = capsys.readouterr().out.strip().splitlines()
+    return result, out, json.loads(out[-1])
+
+
+@pytest.mark.slow  # compiles a train step: ~6 s alone, ~25 s on a busy 2-core machine
+def test_gpt_bench_prints_table_then_json(capsys):
+    result, out, line = run(capsys, ["--arch", "gpt", *TINY])
+    for field in FIELDS:
+        assert field in line and line[field] > 0
+    assert any("MFU" in row for row in out[:-1])
+    config = bench.config_from_args(bench.parse_args(["--arch", "gpt", *TINY]))
+    assert line["model_flops_per_step"] == cost.train_flops(config, 2, 8)
+    assert line["tokens_per_s"] == pytest.approx(2 * 8 / (line["ms_per_step"] / 1e3))
+    assert line["mfu"] == pytest.approx(line["model_flops_per_step"] / (line["ms_per_step"] / 1e3)
+                                        / line["peak_flops"])
+    assert line["peak_flops"] == max(result["peak_by_shape"].values())
+    assert line["backend"] == "cpu" and line["final_loss"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["bert", "t5"])
+def test_other_families_and_xla_attention(capsys, arch):
+    _, _, line = run(capsys, ["--arch", arch, "--attention", "xla", *TINY])
+    config = bench.config_from_args(bench.parse_args(["--arch", arch, *TINY]))
+    assert line["model_flops_per_step"] == cost.train_flops(config, 2, 8)
+    assert line["mfu"] > 0
+
+
+def test_dense_matmul_shapes_cover_forward_and_backward():
+    config = bench.config_from_args(bench.parse_args(TINY))
+    shapes = bench.dense_matmul_shapes(config, batch=2, seq=8)
+    m = 16
+    for k, n in ((16, 16), (16, 32), (32, 16), (16, 11)):
+        assert {(m, k, n), (m, n, k), (k, m, n)} <= set(shapes)
+    flops = [2 * a * b * c for a, b, c in shapes]
+    assert flops == sorted(flops, reverse=True)
+
+
+def test_measure_peak_flops_reports_each_shape():
+    peak = bench.measure_peak_flops([(64, 32, 16), (32, 32, 32)], repeats=2)
+    assert set(peak["by_shape"]) == {"64x32x16", "32x32x32"}
+    assert peak["peak_flops"] == max(peak["by_shape"].values()) > 0
+
+
+def test_make_batch_layout():
+    gpt = bench.config_from_args(bench.parse_args(TINY))
+    t5 = bench.config_from_args(bench.parse_args(["--arch", "t5", *TINY]))
+    assert set(bench.make_batch(gpt, 2, 8)) == {"inputs", "targets"}
+    b = bench.make_batch(t5, 2, 8)
+    assert set(b) == {"enc_inputs", "dec_inputs", "targets"}
+    assert b["targets"].shape == (2, 8) and int(b["targets"].max()) < 11

@@ -1,0 +1,246 @@
+"""Benchmark the real train step of a config and report its MFU on this machine.
+
+`python -m txjax.bench --arch gpt --vocab 17 --seq 197 --d-model 128 --heads 4 --layers 4 --d-ff 512 --batch 32`
+
+The step timed is `txjax.train.steps.Stepper.train_step` — the jitted, donated
+AdamW + warmup/cosine + clipping step users train with. We compile it, run warm-up
+steps, then time N steps one by one (each waits for its result) and take the median.
+Model FLOPs per step come from `txjax.cost.train_flops` (3× the forward matmuls of
+the notes); the peak is measured in the same run by timing the model's own dense
+matmul shapes, forward and backward, on the same backend; MFU = achieved / peak.
+The last line printed is JSON with ms_per_step, tokens_per_s, model_flops_per_step,
+peak_flops and mfu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from txjax import cost
+from txjax.config import BertConfig, GPTConfig, T5Config, TransformerConfig
+
+CONFIGS = {"gpt": GPTConfig, "bert": BertConfig, "t5": T5Config}
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """What to benchmark and how long."""
+
+    batch: int = 32  # sequences per step
+    seq: int = 197  # tokens per sequence (T5: encoder and decoder each)
+    steps: int = 20  # timed steps; the median is reported
+    warmup: int = 3  # untimed steps after compilation
+    dtype: str = "float32"  # parameter / activation dtype: float32 or bfloat16
+    seed: int = 0
+
+
+def time_calls(fn, *args, repeats: int, warmup: int = 2) -> list[float]:
+    """Seconds per call of `fn(*args)`, each call waited for, after `warmup` calls."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def dense_matmul_shapes(config: TransformerConfig, batch: int, seq: int) -> list[tuple[int, int, int]]:
+    """(m, k, n) of every distinct dense matmul a train step runs, forward and backward.
+
+    Forward x[m, k] @ w[k, n] with m = B·T; backward dx = dy[m, n] @ wᵀ[n, k] and
+    dw = xᵀ[k, m] @ dy[m, n]. Attention's batched [T, H] @ [H, T] products are left
+    out: they are too small to show the machine's peak.
+    """
+    m = batch * seq
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    inner = config.num_heads * config.head_size
+    shapes = set()
+    for k, n in ((d, inner), (inner, d), (d, f), (f, d), (d, v)):
+        shapes |= {(m, k, n), (m, n, k), (k, m, n)}
+    return sorted(shapes, key=lambda s: -s[0] * s[1] * s[2])
+
+
+def matmul_timers(shapes, dtype=jnp.float32, seed: int = 0) -> dict:
+    """{"m x k x n": (jitted matmul, a, b)} for each (m, k, n), compiled and warmed up."""
+    rng = np.random.default_rng(seed)
+    matmul = jax.jit(jnp.matmul)
+    timers = {}
+    for m, k, n in shapes:
+        a = jnp.asarray(rng.standard_normal((m, k)), dtype)
+        b = jnp.asarray(rng.standard_normal((k, n)), dtype)
+        time_calls(matmul, a, b, repeats=0)
+        timers[f"{m}x{k}x{n}"] = (matmul, a, b, 2 * m * k * n)
+    return timers
+
+
+def peak_from_times(timers: dict, times: dict[str, list[float]]) -> dict:
+    """Best median FLOP/s over the shapes: {"peak_flops", "by_shape"}."""
+    by_shape = {name: timers[name][3] / statistics.median(ts) for name, ts in times.items()}
+    return {"peak_flops": max(by_shape.values()), "by_shape": by_shape}
+
+
+def measure_peak_flops(shapes, dtype=jnp.float32, repeats: int = 10, seed: int = 0) -> dict:
+    """Best median FLOP/s over jitted matmuls of the given (m, k, n) shapes, alone."""
+    timers = matmul_timers(shapes, dtype, seed)
+    times = {name: time_calls(f, a, b, repeats=repeats, warmup=0) for name, (f, a, b, _) in timers.items()}
+    return peak_from_times(timers, times)
+
+
+def make_batch(config: TransformerConfig, batch: int, seq: int, seed: int = 0) -> dict:
+    """Random token ids in the layout the family's loss expects (txjax.train.steps.LOSSES)."""
+    rng = np.random.default_rng(seed)
+    ids = lambda: jnp.asarray(rng.integers(0, config.vocab_size, (batch, seq)), jnp.int32)
+    if config.family == "t5":
+        return {"enc_inputs": ids(), "dec_inputs": ids(), "targets": ids()}
+    return {"inputs": ids(), "targets": ids()}
+
+
+def build_model(config: TransformerConfig, seed: int = 0):
+    from txjax.models import GPT, T5, Bert
+
+    return {"gpt": GPT, "bert": Bert, "t5": T5}[config.family](config, rngs=nnx.Rngs(seed))
+
+
+def bench_train(config: TransformerConfig, bench: BenchConfig) -> dict:
+    """Time the train step; measure the peak; return the report's fields."""
+    from txjax.train.config import TrainConfig
+    from txjax.train.steps import LOSSES, Stepper
+
+    dtype = jnp.dtype(bench.dtype)
+    model = build_model(config, bench.seed)
+    if dtype != jnp.float32:
+        params = nnx.state(model, nnx.Param)
+        nnx.update(model, jax.tree.map(lambda x: x.astype(dtype), params))
+    train_cfg = TrainConfig(batch_size=bench.batch, steps=max(bench.steps + bench.warmup, 1),
+                            warmup_steps=1, progress=False)
+    stepper = Stepper(model, LOSSES[config.family], train_cfg)
+    state = stepper.init_state()
+    batch = make_batch(config, bench.batch, bench.seq, bench.seed)
+    key = jax.random.key(bench.seed)
+
+    start = time.perf_counter()
+    state, metrics = stepper.train_step(state, batch, key)
+    jax.block_until_ready(metrics)
+    compile_s = time.perf_counter() - start
+    for _ in range(bench.warmup):
+        state, metrics = stepper.train_step(state, batch, key)
+    jax.block_until_ready(metrics)
+    timers = matmul_timers(dense_matmul_shapes(config, bench.batch, bench.seq), dtype, bench.seed)
+    # Steps and peak matmuls alternate, so both see the same machine load (others share
+    # the cores); MFU is the ratio of the two medians.
+    times, matmul_times = [], {name: [] for name in timers}
+    for _ in range(bench.steps):
+        start = time.perf_counter()
+        state, metrics = stepper.train_step(state, batch, key)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+        for name, (f, a, b, _) in timers.items():
+            start = time.perf_counter()
+            jax.block_until_ready(f(a, b))
+            matmul_times[name].append(time.perf_counter() - start)
+    loss = float(metrics["loss"])
+    peak = peak_from_times(timers, matmul_times)
+    step_s = statistics.median(times)
+    flops = cost.train_flops(config, bench.batch, bench.seq)
+    tokens = cost.tokens_per_step(config, bench.batch, bench.seq)
+    achieved = flops / step_s
+    return {
+        "arch": config.family,
+        "backend": jax.default_backend(),
+        "devices": str(jax.devices()[0].device_kind),
+        "dtype": bench.dtype,
+        "batch": bench.batch,
+        "seq": bench.seq,
+        "params": cost.param_count(config),
+        "compile_s": compile_s,
+        "steps": bench.steps,
+        "ms_per_step": 1e3 * step_s,
+        "ms_per_step_min": 1e3 * min(times),
+        "ms_per_step_max": 1e3 * max(times),
+        "tokens_per_s": tokens / step_s,
+        "model_flops_per_step": flops,
+        "achieved_flops": achieved,
+        "peak_flops": peak["peak_flops"],
+        "peak_by_shape": peak["by_shape"],
+        "mfu": achieved / peak["peak_flops"],
+        "final_loss": loss,
+    }
+
+
+def format_table(config: TransformerConfig, result: dict) -> str:
+    """Human-readable summary of `bench_train`'s result."""
+    c = config
+    rows = [
+        f"train step: {c.family}  V {c.vocab_size}  T {result['seq']}  D {c.d_model}  N {c.num_heads}  "
+        f"L {c.num_layers}  F {c.d_ff}  B {result['batch']}  {result['dtype']}  attention "
+        f"{getattr(c, 'attention_impl', 'reference')}",
+        f"backend {result['backend']} ({result['devices']}), params {result['params']:,}, "
+        f"compile {result['compile_s']:.1f} s",
+        "",
+        f"  ms / step (median of {result['steps']})   {result['ms_per_step']:10.2f}"
+        f"   (min {result['ms_per_step_min']:.2f}, max {result['ms_per_step_max']:.2f})",
+        f"  tokens / s                   {result['tokens_per_s']:10.0f}",
+        f"  model FLOPs / step (cost)    {result['model_flops_per_step']:10.4g}",
+        f"  achieved FLOP/s              {result['achieved_flops']:10.4g}",
+        f"  peak matmul FLOP/s (measured){result['peak_flops']:10.4g}",
+        f"  MFU                          {result['mfu']:10.3f}",
+        "",
+        "  peak by matmul shape m x k x n: " + ", ".join(
+            f"{k} {v / 1e9:.1f}G" for k, v in result["peak_by_shape"].items()),
+    ]
+    return "\n".join(rows)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m txjax.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--arch", choices=sorted(CONFIGS), default="gpt")
+    p.add_argument("--vocab", type=int, default=17)
+    p.add_argument("--seq", type=int, default=197)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-ff", type=int, default=512)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--attention", choices=("reference", "xla"), default="reference",
+                   help="attention implementation (config.attention_impl)")
+    return p.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> TransformerConfig:
+    fields = dict(vocab_size=args.vocab, max_len=args.seq, d_model=args.d_model, num_heads=args.heads,
+                  num_layers=args.layers, d_ff=args.d_ff)
+    cls = CONFIGS[args.arch]
+    if "attention_impl" in {f.name for f in dataclasses.fields(cls)}:
+        fields["attention_impl"] = args.attention
+    elif args.attention != "reference":
+        raise SystemExit("this txjax has no attention_impl switch")
+    return cls(**fields)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    config = config_from_args(args)
+    bench = BenchConfig(batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
+                        dtype=args.dtype)
+    result = bench_train(config, bench)
+    print(format_table(config, result))
+    print(json.dumps({k: v for k, v in result.items() if k != "peak_by_shape"}))
+    return result
+
+
+if __name__ == "__main__":
+    main()
