@@ -68,6 +68,7 @@ def test_token_sums_ignore_and_normalise():
     np.testing.assert_allclose(float(s.nll / s.count), float(cross_entropy(logits, labels)), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_grad_accumulation_matches_one_big_batch():
     rows = random_rows(8)
     batch = shift(rows)
@@ -103,6 +104,7 @@ def test_train_step_reports_loss_of_current_params_and_learns():
     assert int(state.step) == 30
 
 
+@pytest.mark.slow
 def test_dropout_keys_depend_on_step_and_are_reproducible():
     cfg = TrainConfig(batch_size=8, warmup_steps=0, steps=5)
     batch = shift(random_rows(8))
@@ -180,6 +182,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
 
 
+@pytest.mark.slow
 def test_checkpoint_from_a_different_config_is_refused(tmp_path):
     cfg = TrainConfig(batch_size=8, steps=2, warmup_steps=0, checkpoint_every=1, progress=False)
     _run(tmp_path, "a", cfg)

@@ -24,7 +24,7 @@ from txjax.data import BatchIterator, PatchTokenizer, ar_shift, load_mnist
 from txjax.ops import token_nll
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
-from txjax.train.loop import write_json
+from txjax.train.loop import prepare_run_dir, write_json
 from txjax.train.plots import plot_loss_curve, save_image_grid
 from txjax.train.steps import Stepper, gpt_loss
 
@@ -183,6 +183,7 @@ def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRu
     Writes config.json, metrics.jsonl, checkpoints/, loss.png, samples.png and
     summary.json into run_cfg.run_dir; returns the summary.
     """
+    prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
     t0 = time.perf_counter()
     tok, train_BT, test_BT, source = load_tokens(run_cfg)
     if model_cfg.vocab_size != tok.vocab_size:

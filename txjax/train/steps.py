@@ -19,6 +19,7 @@ from flax import nnx
 from txjax.ops import token_nll
 from txjax.train.config import TrainConfig
 from txjax.train.optim import make_optimizer, make_schedule
+from txjax.train.sharding import Layout, make_mesh
 
 Batch = dict[str, Any]
 
@@ -91,9 +92,12 @@ class Stepper:
     whose summed NLL gradients are divided by the total real-token count of all A, so the
     result equals one big batch. metrics: loss, accuracy, tokens, grad_norm, lr (device arrays).
     `eval_step(params, batch) -> LossSums` runs the model with dropout off.
+    With `cfg.parallelism` "dp" or "fsdp" the state lives on `mesh` (default: all devices)
+    as `self.layout` says, and both steps take host batches (see txjax.train.sharding).
     """
 
-    def __init__(self, model: nnx.Module, loss_fn: Callable[[Any, Batch], LossSums], cfg: TrainConfig):
+    def __init__(self, model: nnx.Module, loss_fn: Callable[[Any, Batch], LossSums], cfg: TrainConfig,
+                 mesh: jax.sharding.Mesh | None = None):
         self.cfg = cfg
         self.loss_fn = loss_fn
         self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
@@ -102,12 +106,26 @@ class Stepper:
         self.init_params = params
         self.optimizer = make_optimizer(cfg, params)
         self.schedule = make_schedule(cfg)
-        self.train_step = jax.jit(self._train_step, donate_argnums=(0,))
-        self.eval_step = jax.jit(self._eval_step)
+        self.layout = None if cfg.parallelism == "none" else Layout(
+            make_mesh() if mesh is None else mesh, cfg.parallelism)
+        if self.layout is None:
+            self.train_step = jax.jit(self._train_step, donate_argnums=(0,))
+            self.eval_step = jax.jit(self._eval_step)
+        else:
+            if cfg.micro_batch_size % self.layout.size:
+                raise ValueError(
+                    f"batch_size / grad_accum = {cfg.micro_batch_size} examples cannot be split "
+                    f"over {self.layout.size} devices"
+                )
+            state_like = jax.eval_shape(lambda: TrainState(
+                params, self.optimizer.init(params), jnp.zeros((), jnp.int32)))
+            self.train_step = self.layout.jit_train_step(self._train_step, state_like)
+            self.eval_step = self.layout.jit_eval_step(self._eval_step, params)
 
     def init_state(self, params=None) -> TrainState:
         params = self.init_params if params is None else params
-        return TrainState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
+        state = TrainState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
+        return state if self.layout is None else self.layout.put(state)
 
     def model(self, params, *, train: bool = False) -> nnx.Module:
         """A module built from `params` (dropout off unless train=True)."""
@@ -129,6 +147,8 @@ class Stepper:
 
         def micro_loss(params, micro, i):
             rest = fresh_rngs(self.rest, jax.random.fold_in(step_key, i))
+            if self.layout is not None:
+                params = self.layout.gather(params)
             sums = self.loss_fn(nnx.merge(self.graphdef, params, rest), micro)
             return sums.nll, sums
 
@@ -144,6 +164,8 @@ class Stepper:
         zero_grads = jax.tree.map(jnp.zeros_like, state.params)
         zero_sums = LossSums(*(jnp.zeros((), jnp.float32) for _ in range(3)))
         micro = self._micro_batches(batch)
+        if self.layout is not None:
+            micro = self.layout.split_micro(micro)
         (grads, sums), _ = jax.lax.scan(
             body, (zero_grads, zero_sums), (micro, jnp.arange(self.cfg.grad_accum)))
         count = jnp.maximum(sums.count, 1.0)

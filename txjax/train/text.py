@@ -30,7 +30,7 @@ from txjax.data import (
 )
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
-from txjax.train.loop import write_json
+from txjax.train.loop import prepare_run_dir, write_json
 from txjax.train.plots import plot_loss_curve
 from txjax.train.steps import Stepper, bert_loss, t5_loss
 
@@ -123,6 +123,7 @@ def mlm_transform(tok: CharTokenizer, rate: float):
 def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
              stop_at: int | None = None, log=print) -> dict:
     """Train BERT with MLM; report held-out MLM loss and accuracy; write the run folder."""
+    prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
     t0 = time.perf_counter()
     tok, train_ids, held_ids, name = corpus_split(run_cfg, "bert")
     model_cfg = _with_vocab(model_cfg, tok.vocab_size, pad_id=tok.pad_id)
@@ -295,6 +296,7 @@ def show_spans(tok: CharTokenizer, ids: np.ndarray) -> str:
 def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
            stop_at: int | None = None, log=print) -> dict:
     """Train T5 with span corruption; report held-out loss and print decoded spans beside the truth."""
+    prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
     t0 = time.perf_counter()
     tok, train_ids, held_ids, name = corpus_split(run_cfg, "t5", run_cfg.num_sentinels)
     model_cfg = _with_vocab(model_cfg, tok.vocab_size, pad_id=tok.pad_id, eos_id=tok.eos_id,

@@ -1,0 +1,168 @@
+"""The experiment scripts: flags from dataclasses, bad input, and tiny end-to-end runs."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from txjax.train.cli import field_docs
+from txjax.train.mnist import MnistRunConfig, nats_to_bits_per_pixel, unigram_baseline
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse(script, argv):
+    from txjax.train.cli import parse_configs
+
+    return parse_configs(script.make_parser, script.PRESETS, argv, "default")
+
+
+def test_flags_are_generated_with_docs_and_defaults(capsys):
+    gpt = load_script("train_gpt")
+    with pytest.raises(SystemExit) as exit_:
+        parse(gpt, ["--preset", "cpu", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "--learning_rate FLOAT" in out and "peak learning rate" in out
+    assert "--d_model INT" in out and "D: residual stream width (default: 64)" in out
+    assert "--temperature FLOAT" in out and "--runs_dir STR" in out
+
+
+def test_every_training_and_run_field_is_documented():
+    from txjax.train.config import TrainConfig
+    from txjax.train.sample import SampleConfig
+    from txjax.train.text import TextRunConfig
+
+    for cls in (TrainConfig, MnistRunConfig, TextRunConfig, SampleConfig):
+        docs = field_docs(cls)
+        missing = [f for f in cls.__dataclass_fields__ if f not in docs]
+        assert not missing, f"{cls.__name__}: no comment for {missing}"
+
+
+def test_field_docs_include_inherited_fields():
+    docs = field_docs(MnistRunConfig)
+    assert docs["runs_dir"] == "parent folder of all runs"
+    assert docs["name"].startswith("run folder name")
+
+
+def test_presets_and_overrides():
+    gpt = load_script("train_gpt")
+    preset, cfg = parse(gpt, ["--preset", "cpu", "--steps", "7", "--dropout", "0.2", "--top_k", "none",
+                              "--progress", "false", "--data", "/x.npz"])
+    assert preset == "cpu"
+    assert cfg["train"].steps == 7 and cfg["train"].batch_size == gpt.PRESETS["cpu"]["train"].batch_size
+    assert cfg["model"].dropout == 0.2 and cfg["model"].d_model == 64
+    assert cfg["run"].top_k is None and cfg["run"].data == "/x.npz" and cfg["train"].progress is False
+    preset, cfg = parse(gpt, [])
+    assert preset == "default" and cfg == gpt.PRESETS["default"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),
+    (["--learning_rate", "-0.1"], "learning_rate must be > 0"),
+    (["--batch_size", "0"], "batch_size must be > 0"),
+    (["--steps", "ten"], "expected int, got 'ten'"),
+    (["--progress", "maybe"], "expected true or false"),
+    (["--preset", "tpu"], "invalid choice: 'tpu'"),
+    (["--num_heads", "3"], "not divisible by num_heads=3"),
+    (["--temperature", "0"], "temperature must be > 0"),
+    (["--name", "a/b"], "plain folder name"),
+])
+def test_bad_flags_are_clear_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse(load_script("train_gpt"), argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unigram_baseline_by_hand():
+    # Two patch positions, 2 ids (plus BOS 2 in column 0); add-one smoothing.
+    train = np.array([[2, 0, 1], [2, 0, 1], [2, 0, 0]])
+    test = np.array([[2, 0, 1]])
+    p0 = (3 + 1) / (3 + 2)  # id 0 at position 0
+    p1 = (2 + 1) / (3 + 2)  # id 1 at position 1
+    assert unigram_baseline(train, test, num_ids=2) == pytest.approx(-math.log(p0) - math.log(p1))
+    assert nats_to_bits_per_pixel(784 * math.log(2)) == pytest.approx(1.0)
+
+
+TINY_MODEL = ["--d_model", "16", "--num_heads", "2", "--num_layers", "1", "--d_ff", "32"]
+TINY_TRAIN = ["--steps", "2", "--batch_size", "8", "--warmup_steps", "1", "--checkpoint_every", "1",
+              "--log_every", "1", "--eval_batches", "1", "--progress", "false"]
+
+
+@pytest.mark.slow
+def test_train_gpt_tiny_end_to_end_and_sample(tmp_path, capsys):
+    argv = ["--preset", "cpu", "--runs_dir", str(tmp_path), "--name", "g", *TINY_MODEL, *TINY_TRAIN,
+            "--train_images", "64", "--test_images", "20", "--eval_batch_size", "10", "--num_samples", "4"]
+    summary = load_script("train_gpt").main(argv)
+    run = tmp_path / "g"
+    for name in ("config.json", "metrics.jsonl", "summary.json", "samples.png", "loss.png"):
+        assert (run / name).is_file(), name
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]
+    assert json.loads((run / "summary.json").read_text()) == pytest.approx(summary)
+    assert summary["test_images"] == 20 and summary["steps"] == 2
+    assert 0 < summary["test_nll_nats_per_image"] < 196 * 2 * math.log(17)
+    assert summary["test_bits_per_pixel"] == pytest.approx(nats_to_bits_per_pixel(summary["test_nll_nats_per_image"]))
+    assert 100 < summary["unigram_baseline_nats_per_image"] < 200
+    assert "bits/pixel" in capsys.readouterr().out
+    out = load_script("sample").main(["--run", str(run), "--num_samples", "4", "--out", str(tmp_path / "s.png")])
+    assert out["step"] == 2 and (tmp_path / "s.png").is_file()
+    # The same name with another model is refused before any training (resume is in test_train).
+    with pytest.raises(SystemExit) as exit_:
+        load_script("train_gpt").main(argv + ["--d_model", "32"])
+    assert exit_.value.code == 1
+    assert "d_model: 16 -> 32" in capsys.readouterr().err
+
+
+TEXT = ["--preset", "cpu", "--corpus", "default", "--seq_len", "32", "--heldout_examples", "16",
+        "--eval_batch_size", "8", *TINY_MODEL, *TINY_TRAIN]
+
+
+@pytest.mark.slow
+def test_train_bert_tiny_end_to_end_and_fill(tmp_path):
+    bert = load_script("train_bert").main(TEXT + ["--runs_dir", str(tmp_path), "--name", "b"])
+    assert 0 < bert["heldout_mlm_loss"] < 10 and 0 <= bert["heldout_mlm_accuracy"] <= 1
+    assert bert["heldout_predicted_tokens"] > 0
+    assert (tmp_path / "b" / "summary.json").is_file() and (tmp_path / "b" / "loss.png").is_file()
+    filled = load_script("sample").main(["--run", str(tmp_path / "b"), "--prompt", "to b_"])
+    assert filled["filled"].startswith("to b[") and len(filled["filled"]) == len("to b[x]")
+
+
+@pytest.mark.slow
+def test_train_t5_tiny_end_to_end_and_fill(tmp_path, capsys):
+    t5 = load_script("train_t5").main(TEXT + ["--runs_dir", str(tmp_path), "--name", "t", "--show", "2"])
+    assert 0 < t5["heldout_loss"] < 10 and len(t5["examples"]) == 2
+    assert set(t5["examples"][0]) == {"input", "truth", "predicted"}
+    assert "<0>" in t5["examples"][0]["truth"]
+    out = capsys.readouterr().out
+    assert "truth:" in out and "predicted:" in out
+    assert (tmp_path / "t" / "summary.json").is_file() and (tmp_path / "t" / "loss.png").is_file()
+    filled = load_script("sample").main(["--run", str(tmp_path / "t"), "--prompt", "to b_ or n__"])
+    assert filled["filled"].startswith("to b[") and "] or n[" in filled["filled"]
+
+
+def test_unwritable_runs_dir_and_missing_run_are_clear_errors(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        load_script("train_gpt").main(["--preset", "cpu", "--runs_dir", str(blocker)])
+    assert exit_.value.code == 1
+    assert f"cannot write to the run folder {blocker}/gpt_mnist_cpu" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        load_script("train_gpt").main(["--preset", "cpu", "--runs_dir", str(tmp_path), "--data", "/nonexistent.npz"])
+    assert exit_.value.code == 1
+    assert "MNIST file /nonexistent.npz does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        load_script("sample").main(["--run", str(tmp_path / "nope")])
+    assert exit_.value.code == 1
+    assert "no checkpoint folder" in capsys.readouterr().err
