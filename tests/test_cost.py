@@ -199,6 +199,12 @@ def test_activation_bytes_grow_quadratically_only_through_scores():
     assert big["linear"] == 2 * small["linear"]
     assert big["quadratic"] == 4 * small["quadratic"]
     assert big["total"] == big["linear"] + big["quadratic"] + big["logits"]
+    # (4 layers x 2 saved copies + 2 backward buffers) of [B, N, T, T] float32.
+    assert small["quadratic"] == (4 * 2 + 2) * 2 * 4 * 256**2 * 4
+    step = cost.train_step_bytes(config, 2, 256)
+    p = cost.param_count(config)
+    assert step["weights"] == step["gradients"] == 4 * p and step["optimizer"] == 8 * p
+    assert step["total"] == 16 * p + small["total"]
 
 
 def test_report_prints_the_table():

@@ -244,3 +244,32 @@ def main(argv=None) -> dict:
 
 if __name__ == "__main__":
     main()
+
+
+def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: str = "float32") -> dict:
+    """XLA's compiled memory plan of the real train step (nothing is run).
+
+    Returns bytes: arguments (parameters, optimizer state, batch), outputs, aliased
+    (donated state reused for the output), temporaries (activations kept for the
+    backward pass and scratch), and peak = arguments + outputs - aliased + temporaries.
+    """
+    from txjax.train.config import TrainConfig
+    from txjax.train.steps import LOSSES, Stepper
+
+    model = build_model(config, 0)
+    if jnp.dtype(dtype) != jnp.float32:
+        params = nnx.state(model, nnx.Param)
+        nnx.update(model, jax.tree.map(lambda x: x.astype(dtype), params))
+    stepper = Stepper(model, LOSSES[config.family], TrainConfig(batch_size=batch, progress=False))
+    state = jax.eval_shape(stepper.init_state)
+    data = jax.eval_shape(lambda: make_batch(config, batch, seq))
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    stats = stepper.train_step.lower(state, data, key).compile().memory_analysis()
+    out = {
+        "arguments": stats.argument_size_in_bytes,
+        "outputs": stats.output_size_in_bytes,
+        "aliased": stats.alias_size_in_bytes,
+        "temporaries": stats.temp_size_in_bytes,
+    }
+    out["peak"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+    return out

@@ -297,22 +297,43 @@ def max_batch(memory_bytes: float, bytes_per_sequence: float, fixed_bytes: float
 
 def activation_bytes(config: TransformerConfig, batch: int, seq_len: int,
                      bytes_per_element: float = 4, score_copies: int = 2) -> dict[str, float]:
-    """Activations a training step keeps for the backward pass (GPT / BERT stacks).
+    """Activations a training step keeps for the backward pass (one stack: GPT, BERT).
 
     Per layer and token, the tensors autodiff saves: the block input and both norm
     outputs, Q, K, V, the attention output and the FFN hidden before and after the
-    activation: (7·D + 2·F)·s bytes (3·F gated), plus `score_copies` [N, T, T]
-    score-sized tensors per sequence (the reference attention keeps the softmax
-    weights and its exponentials). Then the logits (and their softmax) [T, V] twice.
-    The n² term is what grows quadratically with sequence length.
+    activation: (7·D + 2·F)·s bytes (3·F gated). Per layer and sequence,
+    `score_copies` [N, T, T] tensors (the reference attention keeps its exponentials
+    and the softmax weights), plus two more [N, T, T] for the backward of the layer
+    being differentiated (dP and dS). Then the logits and their softmax [T, V].
+    The T² terms are what make memory grow quadratically with sequence length.
     """
     d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.num_heads
-    per_token = (7 * d + (3 if config.gated else 2) * f) * bytes_per_element
-    linear = config.num_layers * batch * seq_len * per_token
-    quadratic = config.num_layers * batch * score_copies * n * seq_len**2 * bytes_per_element
-    logits = 2 * batch * seq_len * v * bytes_per_element
+    s, layers = bytes_per_element, config.num_layers
+    per_token = (7 * d + (3 if config.gated else 2) * f) * s
+    linear = layers * batch * seq_len * per_token
+    score = batch * n * seq_len**2 * s  # one [B, N, T, T] tensor
+    quadratic = (layers * score_copies + 2) * score
+    logits = 2 * batch * seq_len * v * s
     return {"linear": linear, "quadratic": quadratic, "logits": logits,
             "total": linear + quadratic + logits}
+
+
+def train_step_bytes(config: TransformerConfig, batch: int, seq_len: int, bytes_per_element: float = 4,
+                     score_copies: int = 2) -> dict[str, float]:
+    """Predicted peak memory of an AdamW train step: state + gradients + activations.
+
+    Weights and gradients in `bytes_per_element`, AdamW's m and v in float32, and
+    `activation_bytes`. Compare with XLA's plan: experiments/memory_vs_length.py.
+    """
+    p = param_count(config)
+    out = {
+        "weights": p * bytes_per_element,
+        "gradients": p * bytes_per_element,
+        "optimizer": 2 * p * 4,
+        "activations": activation_bytes(config, batch, seq_len, bytes_per_element, score_copies)["total"],
+    }
+    out["total"] = sum(out.values())
+    return out
 
 
 # ----------------------------------------------------------------------------- named configs
