@@ -175,8 +175,9 @@ def fit(
     def evaluate(step_no: int) -> dict:
         result = eval_fn(state.params)
         write_row({"step": step_no, "split": "eval", **result})
-        bar.write(f"step {step_no}: " + ", ".join(f"eval {k} {v:.4g}" for k, v in result.items()
-                                                   if isinstance(v, float)))
+        line = f"step {step_no}: " + ", ".join(f"eval {k} {v:.4g}" for k, v in result.items()
+                                               if isinstance(v, float))
+        bar.write(line) if cfg.progress else log(line)
         return result
 
     pending = None
