@@ -65,7 +65,8 @@ def from_pretrained(path: str) -> GPT | Bert | T5:
     config, tensors = prepare(config, hf, read_tensors(path))
     graphdef, abstract, rest = _split_abstract(config)
     shapes = {p: tuple(v.shape) for p, v in traverse_util.flatten_dict(nnx.to_pure_dict(abstract)).items()}
-    params = params_from_tensors(config, tensors, shapes, source=path)
+    architectures = ", ".join(hf.get("architectures") or []) or "no architectures named"
+    params = params_from_tensors(config, tensors, shapes, source=f"{path} ({architectures})")
     state = traverse_util.unflatten_dict({p: jax.numpy.asarray(v) for p, v in params.items()})
     nnx.replace_by_pure_dict(abstract, state)
     model = nnx.merge(graphdef, abstract, rest)
