@@ -124,6 +124,10 @@ def test_t5_v1_1_count_matches_the_formula_from_its_config():
     assert n_params(hf.config_from_hf(T5_V1_1_SMALL)) == expected
 
 
+def test_mt5_reads_as_t5_v1_1():
+    assert hf.config_from_hf({**T5_V1_1_SMALL, "model_type": "mt5"}) == hf.config_from_hf(T5_V1_1_SMALL)
+
+
 @pytest.mark.parametrize("name", SMALL_MODELS)
 def test_config_survives_to_hf_and_back(name):
     config = SMALL_MODELS[name]().config
@@ -208,6 +212,18 @@ def test_bert_gamma_beta_names_and_tied_decoder_are_accepted(tmp_path):
     legacy["bert.pooler.dense.weight"] = np.zeros((32, 32), np.float32)
     save_file(legacy, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     np.testing.assert_array_equal(forward(hf.from_pretrained(str(tmp_path))), forward(model))
+
+
+def test_bfloat16_checkpoint_loads_as_float32(tmp_path):
+    import ml_dtypes
+
+    model = perturbed(SMALL_MODELS["bert"]())
+    hf.save_pretrained(model, str(tmp_path))
+    edit_tensors(tmp_path, lambda t: t.update({k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()}))
+    loaded = hf.parameters(hf.from_pretrained(str(tmp_path)))
+    for path, value in hf.parameters(model).items():
+        assert loaded[path].dtype == np.float32
+        np.testing.assert_array_equal(loaded[path], value.astype(ml_dtypes.bfloat16).astype(np.float32))
 
 
 def test_sharded_safetensors_are_read(tmp_path):
