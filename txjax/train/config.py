@@ -23,6 +23,8 @@ class TrainConfig:
     batch_size: int = 64  # examples per optimizer step, summed over micro-batches
     grad_accum: int = 1  # micro-batches per step; batch_size must be divisible by it
     seed: int = 0  # seeds the parameters, the data order and dropout
+    # Devices (txjax.train.sharding).
+    parallelism: str = "none"  # "none": one device; "dp": batch split over all devices; "fsdp": params and Adam moments split too
     # Logging, evaluation and checkpoints.
     log_every: int = 10  # append a metrics.jsonl row every this many steps
     eval_every: int = 0  # evaluate on held-out batches every this many steps; 0: only at the end
@@ -48,6 +50,10 @@ class TrainConfig:
         for name in ("b1", "b2", "min_lr_ratio"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"TrainConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.parallelism not in ("none", "dp", "fsdp"):
+            raise ValueError(
+                f"TrainConfig.parallelism={self.parallelism!r} is not one of ('none', 'dp', 'fsdp')"
+            )
         if self.batch_size % self.grad_accum:
             raise ValueError(
                 f"TrainConfig.batch_size={self.batch_size} is not divisible by "

@@ -1,0 +1,191 @@
+"""Where training arrays live on a device mesh: data parallel (DP) and fully sharded (FSDP).
+
+One mesh axis, "data", spans every device (of every process). The batch is split
+along it in both modes. DP keeps a full copy of the parameters and optimizer state
+on each device; XLA all-reduces the gradients. FSDP (ZeRO-3) splits every parameter
+and its Adam moments along one dimension over the same axis, gathers the full
+parameters inside the step for the forward and backward pass, and reduce-scatters
+the gradients back to the shards. Both are written as `jax.jit` with input and output
+shardings (GSPMD): the step function is the same one the single device runs.
+
+Multi-host: call `initialize_distributed` first thing in every process; the mesh
+then spans all processes' devices and each process feeds only its own rows of the
+(identical, deterministic) global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+PARALLELISMS = ("none", "dp", "fsdp")
+"""TrainConfig.parallelism: one device; data parallel; data parallel with sharded state."""
+
+AXIS = "data"
+
+
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> bool:
+    """`jax.distributed.initialize` from arguments or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES,
+    $JAX_PROCESS_ID; a no-op returning False when none of them is given.
+
+    Call it before anything touches a JAX device. On CPU the processes talk through
+    gloo over TCP (jax's default `jax_cpu_collectives_implementation`).
+    """
+    coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
+        num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+    if process_id is None and os.environ.get("JAX_PROCESS_ID"):
+        process_id = int(os.environ["JAX_PROCESS_ID"])
+    if coordinator_address is None and num_processes is None and process_id is None:
+        return False
+    if None in (coordinator_address, num_processes, process_id):
+        raise ValueError(
+            "multi-host needs all three of coordinator address, process count and process id; got "
+            f"{coordinator_address!r}, {num_processes!r}, {process_id!r}"
+        )
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    return True
+
+
+def make_mesh(devices=None) -> Mesh:
+    """A 1-D mesh named "data" over `devices` (default: every device of every process)."""
+    devices = jax.devices() if devices is None else list(devices)
+    return Mesh(np.asarray(devices), (AXIS,))
+
+
+def fsdp_spec(shape: tuple[int, ...], num_shards: int) -> P:
+    """Shard the largest dimension divisible by `num_shards` (the first on ties); else replicate.
+
+    Why the largest: it leaves each device the smallest slice; a kernel [D, F] splits F.
+    """
+    best = None
+    for i, size in enumerate(shape):
+        if size % num_shards == 0 and size >= num_shards and (best is None or size > shape[best]):
+            best = i
+    if best is None:
+        return P()
+    return P(*(AXIS if i == best else None for i in range(len(shape))))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A mesh and a mode ("dp" | "fsdp"): the shardings of state and batches, and the jitted steps."""
+
+    mesh: Mesh
+    mode: str
+
+    def __post_init__(self):
+        if self.mode not in ("dp", "fsdp"):
+            raise ValueError(f"sharding mode {self.mode!r} is not 'dp' or 'fsdp'")
+        if self.mesh.axis_names != (AXIS,):
+            raise ValueError(f"the mesh must have one axis named {AXIS!r}, got {self.mesh.axis_names}")
+
+    @property
+    def size(self) -> int:
+        """Devices on the data axis."""
+        return self.mesh.shape[AXIS]
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    @property
+    def batch(self) -> NamedSharding:
+        """Examples (dimension 0) split over the data axis."""
+        return NamedSharding(self.mesh, P(AXIS))
+
+    def array_sharding(self, x) -> NamedSharding:
+        """Replicated under DP; under FSDP, split along `fsdp_spec` (scalars stay replicated)."""
+        if self.mode == "dp":
+            return self.replicated
+        return NamedSharding(self.mesh, fsdp_spec(tuple(np.shape(x)), self.size))
+
+    def shardings(self, tree) -> Any:
+        """A NamedSharding per leaf of `tree` (params, optimizer state or a whole TrainState)."""
+        return jax.tree.map(self.array_sharding, tree)
+
+    def put(self, tree, shardings=None) -> Any:
+        """Place host or single-device arrays, identical in every process, on the mesh.
+
+        Each process copies only the slices its own devices hold, so this also works when
+        the mesh spans several processes.
+        """
+        shardings = self.shardings(tree) if shardings is None else shardings
+
+        def place(x, sharding):
+            x = np.asarray(x)
+            return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+        return jax.tree.map(place, tree, shardings)
+
+    def put_batch(self, batch) -> Any:
+        """A global batch (the same rows in every process) split by examples over the mesh."""
+
+        def place(x):
+            x = np.asarray(x)
+            if x.ndim == 0 or x.shape[0] % self.size:
+                raise ValueError(
+                    f"a batch of {x.shape[0] if x.ndim else 0} examples cannot be split over "
+                    f"{self.size} devices; make batch_size / grad_accum a multiple of {self.size}"
+                )
+            return jax.make_array_from_callback(x.shape, self.batch, lambda index: x[index])
+
+        return jax.tree.map(place, batch)
+
+    def put_key(self, key: jax.Array) -> jax.Array:
+        """A PRNG key replicated on the mesh (through its raw uint32 data)."""
+        data = self.put(jax.random.key_data(key), self.replicated)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
+
+    def gather(self, params):
+        """Inside jit: the full parameters on every device (FSDP's all-gather before compute)."""
+        if self.mode == "dp":
+            return params
+        return jax.lax.with_sharding_constraint(params, jax.tree.map(lambda _: self.replicated, params))
+
+    def split_micro(self, micro):
+        """Inside jit: micro-batches [A, B/A, ...] keep their examples split over the data axis."""
+        return jax.lax.with_sharding_constraint(micro, NamedSharding(self.mesh, P(None, AXIS)))
+
+    def jit_train_step(self, step: Callable, state_like) -> Callable:
+        """`step(state, batch, key) -> (state, metrics)` jitted with the state donated and kept in
+        its shardings; the returned function places a host batch and key on the mesh first."""
+        state_sh = self.shardings(state_like)
+        jitted = jax.jit(step, in_shardings=(state_sh, self.batch, self.replicated),
+                         out_shardings=(state_sh, self.replicated), donate_argnums=(0,))
+
+        def train_step(state, batch, key):
+            return jitted(state, self.put_batch(batch), self.put_key(key))
+
+        train_step.jitted = jitted
+        return train_step
+
+    def jit_eval_step(self, step: Callable, params_like) -> Callable:
+        """`step(params, batch) -> sums` jitted over sharded params and batch, replicated sums."""
+        jitted = jax.jit(step, in_shardings=(self.shardings(params_like), self.batch),
+                         out_shardings=self.replicated)
+
+        def eval_step(params, batch):
+            return jitted(params, self.put_batch(batch))
+
+        eval_step.jitted = jitted
+        return eval_step
+
+
+def describe(tree) -> dict[str, str]:
+    """'path' -> its sharding spec and per-device shard shape, for logs and tests."""
+    out = {}
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        sharding = getattr(x, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        shard = sharding.shard_shape(x.shape) if sharding is not None else np.shape(x)
+        out[jax.tree_util.keystr(path)] = f"{spec} {tuple(shard)}"
+    return out
