@@ -9,6 +9,7 @@ from flax import nnx
 from txjax import ops
 from txjax.config import GPTConfig
 from txjax.nn import Embed, TransformerStack, check_tokens
+from txjax.nn.blocks import KVCache
 from txjax.nn.layers import INIT
 
 
@@ -41,3 +42,23 @@ class GPT(nnx.Module):
         x_BTD = self.decoder.embed_positions(self.embed(tokens_BT), positions_T)
         h_BTD = self.decoder(self.dropout(x_BTD), self.mask(tokens_BT), positions_T)
         return self.logits(h_BTD)
+
+    def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+        """An empty KV cache of `max_len` slots per layer for `decode_step`."""
+        c = self.config
+        dtype = self.embed.embedding.dtype if dtype is None else dtype
+        return KVCache.zeros(c.num_layers, batch, max_len, c.num_heads, c.head_size, dtype)
+
+    def decode_step(self, tokens_BT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """(tokens_BT, cache) -> (logits_BTV, cache): the T tokens at positions index .. index + T - 1.
+
+        The logits equal those of `__call__` on the whole sequence so far at these
+        positions; only the new tokens go through the stack. Feed a prompt at once
+        (prefill), then one token per step.
+        """
+        check_tokens(tokens_BT, self.config.vocab_size)
+        positions_T = cache.index + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
+        x_BTD = self.decoder.embed_positions(self.embed(tokens_BT), positions_T)
+        valid_BT = None if self.config.pad_id is None else tokens_BT != self.config.pad_id
+        h_BTD, cache = self.decoder.decode_step(self.dropout(x_BTD), cache, valid_BT)
+        return self.logits(h_BTD), cache

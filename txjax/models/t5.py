@@ -9,6 +9,7 @@ from flax import nnx
 from txjax import ops
 from txjax.config import T5Config
 from txjax.nn import Embed, TransformerStack, check_tokens
+from txjax.nn.blocks import KVCache
 from txjax.nn.layers import INIT
 
 
@@ -60,6 +61,33 @@ class T5(nnx.Module):
             self.encoder_mask(enc_tokens_BS),
         )
         return self.logits(self.dropout(h_BTD))
+
+    def init_cache(self, enc_tokens_BS: jax.Array, max_len: int, dtype=None) -> KVCache:
+        """Encode once and cache what the decoder needs from it, for `decode_step`.
+
+        Every decoder layer's cross-attention keys and values are projected from the
+        encoder output here, once; the self-attention cache gets `max_len` empty slots.
+        """
+        c = self.config
+        enc_BSD = self.encode(enc_tokens_BS)
+        cross = [block.cross_attn.project_kv(enc_BSD) for block in self.decoder.blocks]
+        dtype = self.embed.embedding.dtype if dtype is None else dtype
+        return KVCache.zeros(
+            c.decoder_layers, enc_tokens_BS.shape[0], max_len, c.num_heads, c.head_size, dtype,
+            cross_k=tuple(k for k, _ in cross),
+            cross_v=tuple(v for _, v in cross),
+            cross_mask=self.encoder_mask(enc_tokens_BS),
+        )
+
+    def decode_step(self, dec_tokens_BT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """(dec_tokens_BT, cache) -> (logits_BTV, cache), as `decode` at positions index .. index + T - 1."""
+        check_tokens(dec_tokens_BT, self.config.vocab_size, "decoder tokens")
+        if cache.cross_k is None:
+            raise ValueError("T5.decode_step needs a cache from T5.init_cache(enc_tokens_BS, max_len)")
+        positions_T = cache.index + jnp.arange(dec_tokens_BT.shape[1], dtype=jnp.int32)
+        x_BTD = self.decoder.embed_positions(self.embed(dec_tokens_BT), positions_T)
+        h_BTD, cache = self.decoder.decode_step(self.dropout(x_BTD), cache)
+        return self.logits(self.dropout(h_BTD)), cache
 
     def __call__(self, enc_tokens_BS: jax.Array, dec_tokens_BT: jax.Array) -> jax.Array:
         """(enc_tokens_BS, dec_tokens_BT) -> logits_BTV."""

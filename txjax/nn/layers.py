@@ -148,6 +148,47 @@ class MultiHeadAttention(nnx.Module):
         )
         return self.o(ops.merge_heads(out_BTNH))
 
+    def attend(
+        self, x_BTD: jax.Array, k_BSNH: jax.Array, v_BSNH: jax.Array, bias: jax.Array | None = None
+    ) -> jax.Array:
+        """Queries from x_BTD over keys and values already projected (T5's cached cross-attention)."""
+        check_width(x_BTD, self.d_model, "MultiHeadAttention query input")
+        q_BTNH = ops.split_heads(self.q(x_BTD), self.num_heads)
+        out_BTNH = ops.dot_product_attention(
+            q_BTNH, k_BSNH, v_BSNH, bias, self.scale, implementation=self.attention_impl
+        )
+        return self.o(ops.merge_heads(out_BTNH))
+
+    def decode_step(
+        self,
+        x_BTD: jax.Array,
+        k_cache_BSNH: jax.Array,
+        v_cache_BSNH: jax.Array,
+        index: jax.Array,
+        bias: jax.Array | None = None,
+        rope_positions_T: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Self-attention of T new tokens over a fixed-size cache of S slots.
+
+        The new keys and values are written at slots index .. index + T - 1 (keys
+        rotated at their positions first, under RoPE), then the queries attend over
+        all S slots; `bias` must hide the slots they may not see. Returns
+        (out_BTD, k_cache_BSNH, v_cache_BSNH) with the new entries in place.
+        """
+        check_width(x_BTD, self.d_model, "MultiHeadAttention query input")
+        q_BTNH = ops.split_heads(self.q(x_BTD), self.num_heads)
+        k_BTNH, v_BTNH = self.project_kv(x_BTD)
+        if rope_positions_T is not None:
+            q_BTNH = ops.apply_rope(q_BTNH, rope_positions_T, self.rope_base)
+            k_BTNH = ops.apply_rope(k_BTNH, rope_positions_T, self.rope_base)
+        start = (0, index, 0, 0)
+        k_cache_BSNH = jax.lax.dynamic_update_slice(k_cache_BSNH, k_BTNH.astype(k_cache_BSNH.dtype), start)
+        v_cache_BSNH = jax.lax.dynamic_update_slice(v_cache_BSNH, v_BTNH.astype(v_cache_BSNH.dtype), start)
+        out_BTNH = ops.dot_product_attention(
+            q_BTNH, k_cache_BSNH, v_cache_BSNH, bias, self.scale, implementation=self.attention_impl
+        )
+        return self.o(ops.merge_heads(out_BTNH)), k_cache_BSNH, v_cache_BSNH
+
 
 class RelativePositionBias(nnx.Module):
     """T5's learned scalar per (bucket, head), added to attention logits."""
