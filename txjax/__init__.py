@@ -2,6 +2,7 @@
 
 from txjax.config import BertConfig, GPTConfig, T5Config, TransformerConfig
 from txjax.models import GPT, T5, Bert
+from txjax.decoding import generate
 
-__all__ = ["Bert", "BertConfig", "GPT", "GPTConfig", "T5", "T5Config", "TransformerConfig"]
+__all__ = ["Bert", "BertConfig", "GPT", "GPTConfig", "T5", "T5Config", "TransformerConfig", "generate"]
 __version__ = "0.1.0"

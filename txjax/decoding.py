@@ -1,0 +1,278 @@
+"""Decoding: turn logits into tokens, and generate autoregressively with or without a KV cache.
+
+`filter_logits` and `sample_logits` are pure functions of a [B, V] logit matrix:
+temperature, then top-k, then top-p (nucleus), the order Hugging Face uses.
+`generate` runs a whole decode as one compiled `lax.while_loop` with fixed shapes:
+
+- use_cache=True: all but the last prompt token go through `decode_step` at once
+  (prefill); each iteration then feeds one token (the last one written) and samples
+  the next, over a `KVCache` of T + max_new_tokens - 1 slots;
+- use_cache=False (the baseline): every iteration runs the full forward over a
+  [B, T + max_new_tokens] buffer whose unwritten tail the causal mask hides.
+
+The model is split once per call (`nnx.split`) and a function of (graphdef, state)
+is jitted, so a second call with the same shapes and settings reuses the compiled
+loop. `python -m txjax.decoding --bench` measures both paths on the MNIST GPT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from txjax.config import GPTConfig
+from txjax.models import GPT, T5
+from txjax.nn import check_tokens
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """ValueError for a negative temperature, top_k < 1 or top_p outside (0, 1]."""
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if top_k is not None and (int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"top_k must be an int >= 1 or None, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
+
+
+def filter_logits(
+    logits_BV: jax.Array,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> jax.Array:
+    """float32 logits / temperature, with tokens outside top-k and top-p set to -inf.
+
+    top-k keeps exactly the k largest (ties broken toward the lower id, as argmax
+    does, so top_k=1 is greedy). top-p keeps the smallest set of most likely tokens
+    whose probability (after temperature and top-k) reaches p: a token stays if the
+    mass of the tokens ranked above it is still below p. temperature must be > 0.
+    """
+    check_sampling(temperature, top_k, top_p)
+    if temperature == 0.0:
+        raise ValueError("filter_logits needs temperature > 0; temperature 0 is greedy (argmax)")
+    if logits_BV.ndim != 2:
+        raise ValueError(f"logits must be [B, V], got shape {logits_BV.shape}")
+    b, v = logits_BV.shape
+    logits_BV = logits_BV.astype(jnp.float32) / temperature
+    rows_B1 = jnp.arange(b)[:, None]
+    if top_k is not None and top_k < v:
+        _, top_BK = jax.lax.top_k(logits_BV, int(top_k))
+        keep_BV = jnp.zeros((b, v), bool).at[rows_B1, top_BK].set(True)
+        logits_BV = jnp.where(keep_BV, logits_BV, -jnp.inf)
+    if top_p is not None and top_p < 1.0:
+        order_BV = jnp.argsort(-logits_BV, axis=-1, stable=True)
+        probs_BV = jax.nn.softmax(jnp.take_along_axis(logits_BV, order_BV, axis=-1), axis=-1)
+        mass_before_BV = jnp.concatenate(
+            [jnp.zeros((b, 1), jnp.float32), jnp.cumsum(probs_BV, axis=-1)[:, :-1]], axis=-1
+        )
+        keep_BV = jnp.zeros((b, v), bool).at[rows_B1, order_BV].set(mass_before_BV < top_p)
+        logits_BV = jnp.where(keep_BV, logits_BV, -jnp.inf)
+    return logits_BV
+
+
+def sample_logits(
+    logits_BV: jax.Array,
+    key: jax.Array,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> jax.Array:
+    """One token id per row, int32 [B]: argmax at temperature 0, else a draw from
+    softmax(`filter_logits(...)`) with `key`."""
+    check_sampling(temperature, top_k, top_p)
+    if temperature == 0.0:
+        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    filtered_BV = filter_logits(logits_BV, temperature, top_k, top_p)
+    return jax.random.categorical(key, filtered_BV, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("graphdef", "max_new_tokens", "temperature", "top_k", "top_p", "use_cache",
+                     "eos_id", "pad_id"),
+)
+def _generate_loop(graphdef, state, source_BS, prefix_BT, key, *, max_new_tokens, temperature,
+                   top_k, top_p, use_cache, eos_id, pad_id):
+    """The compiled decode: prefix_BT -> [B, T + max_new_tokens] (T5: source_BS is the encoder input)."""
+    model = nnx.merge(graphdef, state)
+    b, t = prefix_BT.shape
+    fill = 0 if pad_id is None else pad_id
+    buffer_BL = jnp.full((b, t + max_new_tokens), fill, jnp.int32).at[:, :t].set(prefix_BT)
+    if use_cache:
+        # The last token ever fed sits at position t + max_new_tokens - 2.
+        length = t + max_new_tokens - 1
+        cache = model.init_cache(source_BS, length) if isinstance(model, T5) else model.init_cache(b, length)
+        if t > 1:  # prefill all but the last prompt token; the loop feeds that one
+            _, cache = model.decode_step(prefix_BT[:, :-1], cache)
+    else:
+        cache = None
+        if isinstance(model, T5):
+            enc_BSD = model.encode(source_BS)
+
+    def logits_after(buffer_BL, cache, last):
+        """Logits for position last + 1, given the tokens up to `last` (fed: `last` only)."""
+        if use_cache:
+            token_B1 = jax.lax.dynamic_slice_in_dim(buffer_BL, last, 1, axis=1)
+            logits_B1V, cache = model.decode_step(token_B1, cache)
+            return logits_B1V[:, 0], cache
+        logits_BLV = model.decode(buffer_BL, enc_BSD, source_BS) if isinstance(model, T5) else model(buffer_BL)
+        return jax.lax.dynamic_index_in_dim(logits_BLV, last, axis=1, keepdims=False), cache
+
+    def cond(carry):
+        i, _, _, done_B = carry
+        return (i < max_new_tokens) & ~jnp.all(done_B)
+
+    def body(carry):
+        i, buffer_BL, cache, done_B = carry
+        logits_BV, cache = logits_after(buffer_BL, cache, t + i - 1)
+        token_B = sample_logits(logits_BV, jax.random.fold_in(key, i), temperature, top_k, top_p)
+        if eos_id is not None:
+            token_B = jnp.where(done_B, pad_id, token_B)
+            done_B = done_B | (token_B == eos_id)
+        buffer_BL = jax.lax.dynamic_update_slice(buffer_BL, token_B[:, None], (0, t + i))
+        return i + 1, buffer_BL, cache, done_B
+
+    carry = (jnp.zeros((), jnp.int32), buffer_BL, cache, jnp.zeros((b,), bool))
+    return jax.lax.while_loop(cond, body, carry)[1]
+
+
+def generate(
+    model: GPT | T5,
+    prompt_BT: jax.Array,
+    max_new_tokens: int,
+    key: jax.Array,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+) -> jax.Array:
+    """Sample `max_new_tokens` tokens after each prompt row; int32 [B, T + max_new_tokens].
+
+    GPT: returns the prompt followed by the new tokens. T5: `prompt_BT` is the encoder
+    input; decoding starts from `config.decoder_start_id` and the result is that start
+    token followed by the new tokens, [B, 1 + max_new_tokens].
+
+    temperature 0 is greedy; otherwise tokens are drawn from softmax(logits / temperature)
+    restricted to top_k and top_p (see `filter_logits`), step i with
+    `fold_in(key, i)`, so a key reproduces its sample. After a row emits `eos_id` it
+    emits `pad_id` (default: `config.pad_id`, else `eos_id`); the loop ends early once
+    every row has. eos_id None: no stop for GPT, `config.eos_id` for T5. Dropout is
+    off. use_cache=False recomputes the full forward at every step (the baseline).
+    """
+    if not isinstance(model, (GPT, T5)):
+        raise TypeError(f"generate supports GPT and T5 models, got {type(model).__name__}")
+    config = model.config
+    is_t5 = isinstance(model, T5)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    check_sampling(temperature, top_k, top_p)
+    prompt_BT = jnp.asarray(prompt_BT)
+    check_tokens(prompt_BT, config.vocab_size, "encoder input" if is_t5 else "prompt")
+    b, t = prompt_BT.shape
+    if t < 1:
+        raise ValueError("the prompt must hold at least one token")
+    if t > config.max_len:
+        raise ValueError(f"prompt length {t} exceeds the model's max_len={config.max_len}")
+    if is_t5:
+        eos_id = config.eos_id if eos_id is None else eos_id
+        prefix_BT = jnp.full((b, 1), config.decoder_start_id, jnp.int32)
+        source_BS = prompt_BT.astype(jnp.int32)
+    else:
+        prefix_BT, source_BS = prompt_BT.astype(jnp.int32), None
+    length = prefix_BT.shape[1] + max_new_tokens
+    if config.position == "learned" and length > config.max_len:
+        raise ValueError(
+            f"{'decoder start token' if is_t5 else f'prompt length {t}'} + max_new_tokens="
+            f"{max_new_tokens} = {length} runs past max_len={config.max_len} of the learned "
+            "position table"
+        )
+    if pad_id is None:
+        pad_id = config.pad_id if config.pad_id is not None else eos_id
+    for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+        if value is not None and not 0 <= value < config.vocab_size:
+            raise ValueError(f"{name}={value} is outside the vocabulary [0, {config.vocab_size})")
+    if max_new_tokens == 0:
+        return prefix_BT
+    graphdef, state = nnx.split(nnx.view(model, only=nnx.Dropout, deterministic=True))
+    return _generate_loop(
+        graphdef, state, source_BS, prefix_BT, key,
+        max_new_tokens=max_new_tokens, temperature=float(temperature),
+        top_k=None if top_k is None else int(top_k),
+        top_p=None if top_p is None else float(top_p),
+        use_cache=bool(use_cache), eos_id=eos_id, pad_id=pad_id,
+    )
+
+
+def mnist_gpt_config(**changes) -> GPTConfig:
+    """The GPT of the MNIST benchmark: 16 grey levels + BOS (16), 1 + 196 positions."""
+    return GPTConfig(**{**dict(
+        vocab_size=17, max_len=197, d_model=128, num_heads=4, num_layers=4, d_ff=512,
+    ), **changes})
+
+
+def benchmark(
+    config: GPTConfig | None = None,
+    batch: int = 16,
+    new_tokens: int = 196,
+    bos_id: int = 16,
+    repeats: int = 3,
+    temperature: float = 1.0,
+) -> dict:
+    """Tokens per second of `generate` with and without the cache, compile time excluded.
+
+    Each path is called once to compile, then timed `repeats` times (to
+    `block_until_ready`); the median counts. Returns the numbers as a dict.
+    """
+    config = mnist_gpt_config() if config is None else config
+    model = GPT(config, rngs=nnx.Rngs(0))
+    prompt_BT = jnp.full((batch, 1), bos_id, jnp.int32)
+    result = {"batch": batch, "new_tokens": new_tokens, "repeats": repeats,
+              "backend": jax.default_backend()}
+    for use_cache in (True, False):
+        run = functools.partial(generate, model, prompt_BT, new_tokens,
+                                temperature=temperature, use_cache=use_cache)
+        start = time.perf_counter()
+        run(jax.random.key(0)).block_until_ready()
+        first = time.perf_counter() - start
+        times = []
+        for r in range(repeats):
+            start = time.perf_counter()
+            run(jax.random.key(r + 1)).block_until_ready()
+            times.append(time.perf_counter() - start)
+        median = statistics.median(times)
+        name = "cache" if use_cache else "no_cache"
+        result[name] = {
+            "median_s": median,
+            "times_s": times,
+            "compile_s": first - median,
+            "tokens_per_s": batch * new_tokens / median,
+        }
+    result["speedup"] = result["no_cache"]["median_s"] / result["cache"]["median_s"]
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bench", action="store_true", help="time generate on the MNIST GPT")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=196)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    if not args.bench:
+        parser.error("nothing to do; pass --bench")
+    print(json.dumps(benchmark(batch=args.batch, new_tokens=args.new_tokens, repeats=args.repeats),
+                     indent=2))
+
+
+if __name__ == "__main__":
+    main()
