@@ -80,7 +80,14 @@ def attention_weights(
     return exp_BNTS / jnp.where(denom_BNT1 == 0.0, 1.0, denom_BNT1)
 
 
-IMPLEMENTATIONS = ("reference", "xla")
+IMPLEMENTATIONS = ("reference", "xla", "cudnn")
+
+
+def _block_bias(bias_BNTS: jax.Array, t0: int, t1: int) -> jax.Array:
+    """bias[:, :, t0:t1, :t1] on the query and key axes that are not broadcast (size 1)."""
+    rows = slice(t0, t1) if bias_BNTS.shape[2] > 1 else slice(None)
+    cols = slice(0, t1) if bias_BNTS.shape[3] > 1 else slice(None)
+    return bias_BNTS[:, :, rows, cols]
 
 
 def dot_product_attention(
@@ -90,6 +97,7 @@ def dot_product_attention(
     bias: jax.Array | None = None,
     scale: float | None = None,
     implementation: str = "reference",
+    causal_block_size: int | None = None,
 ) -> jax.Array:
     """softmax(q k^T / sqrt(H) + bias) v -> out_BTNH.
 
@@ -98,11 +106,35 @@ def dot_product_attention(
     `scale` defaults to 1/sqrt(H); T5 checkpoints use 1.0. Softmax runs in
     float32; the output has v's dtype. `implementation`: "reference" (the
     formula written out here) or "xla" (`jax.nn.dot_product_attention`).
+
+    `causal_block_size`: the caller promises the bias hides every key after its
+    query (causal, S == T). The queries are then cut into blocks of about this
+    size and each block attends only to the keys up to its last query, so the
+    fully masked blocks above the diagonal are never computed (~3/8 of the
+    scores and their softmax for 4 blocks). Same result: masked keys weigh 0.
+    Opt-in: attention alone (B 32, T 197, N 4, H 32, fwd+bwd, CPU) took 0.73-0.78x
+    the time with 4 blocks, but wired into GPT's train step it gained < 1%.
     """
     if v_BSNH.shape != k_BSNH.shape:
         raise ValueError(f"attention: k {k_BSNH.shape} and v {v_BSNH.shape} must have one shape")
-    if implementation == "xla":
-        return xla_dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale)
+    t, s = q_BTNH.shape[1], k_BSNH.shape[1]
+    if causal_block_size is not None and t > causal_block_size:
+        if s != t:
+            raise ValueError(f"attention: causal blocks need as many keys as queries, got T={t}, S={s}")
+        blocks = -(-t // causal_block_size)
+        bounds = [round(t * i / blocks) for i in range(blocks + 1)]
+        bias = None if bias is None else jnp.reshape(bias, (1,) * (4 - jnp.ndim(bias)) + jnp.shape(bias))
+        outs = [
+            dot_product_attention(
+                q_BTNH[:, t0:t1], k_BSNH[:, :t1], v_BSNH[:, :t1],
+                None if bias is None else _block_bias(bias, t0, t1),
+                scale, implementation,
+            )
+            for t0, t1 in zip(bounds[:-1], bounds[1:])
+        ]
+        return jnp.concatenate(outs, axis=1)
+    if implementation in ("xla", "cudnn"):
+        return xla_dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, implementation)
     if implementation != "reference":
         raise ValueError(f"attention implementation {implementation!r} is not one of {IMPLEMENTATIONS}")
     weights_BNTS = attention_weights(q_BTNH, k_BSNH, bias, scale)
@@ -116,21 +148,32 @@ def xla_dot_product_attention(
     v_BSNH: jax.Array,
     bias: jax.Array | None = None,
     scale: float | None = None,
+    implementation: str = "xla",
 ) -> jax.Array:
-    """The same contract through `jax.nn.dot_product_attention(implementation="xla")`.
+    """The same contract through `jax.nn.dot_product_attention(implementation=...)`.
 
     jax wants a finite bias and a boolean mask, and gives a fully masked row the
     mean of the values; so the -inf entries of `bias` become the mask, the rest
     the bias, and rows with no visible key are zeroed (value and gradient).
+    "cudnn" is cuDNN's fused (flash) kernel: NVIDIA GPUs only, float16 / bfloat16
+    inputs; on any other backend it is refused here with a clear error instead of
+    failing inside XLA.
     """
+    if implementation == "cudnn" and jax.default_backend() != "gpu":
+        raise ValueError(
+            f"attention implementation 'cudnn' needs an NVIDIA GPU, but the backend is "
+            f"{jax.default_backend()!r}; use 'xla' or 'reference'"
+        )
     if bias is None:
-        return jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, scale=scale, implementation="xla")
-    bias = jnp.asarray(bias, jnp.float32)
+        return jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, scale=scale,
+                                            implementation=implementation)
+    # cuDNN wants the bias in the inputs' dtype; XLA adds it to float32 scores.
+    bias = jnp.asarray(bias, q_BTNH.dtype if implementation == "cudnn" else jnp.float32)
     bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + bias.shape)
     mask = bias != -jnp.inf
     finite = jnp.where(mask, bias, 0.0)
     out_BTNH = jax.nn.dot_product_attention(
-        q_BTNH, k_BSNH, v_BSNH, bias=finite, mask=mask, scale=scale, implementation="xla"
+        q_BTNH, k_BSNH, v_BSNH, bias=finite, mask=mask, scale=scale, implementation=implementation
     )
     visible_BNT = jnp.any(mask, axis=-1)
     visible_BTN1 = jnp.transpose(visible_BNT, (0, 2, 1))[..., None]
