@@ -285,11 +285,11 @@ def test_zero_new_tokens_returns_the_prompt():
 
 LOGITS_SHAPE = (4, 7)
 logit_rows = st.lists(
-    st.floats(-5.0, 5.0, allow_nan=False, width=32), min_size=28, max_size=28
+    st.floats(-5.0, 5.0, allow_nan=False, allow_subnormal=False, width=32), min_size=28, max_size=28
 ).map(lambda xs: jnp.asarray(np.reshape(xs, LOGITS_SHAPE), jnp.float32))
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, derandomize=True)
 @given(logits=logit_rows, seed=st.integers(0, 2**31 - 1))
 def test_cold_temperature_and_top_one_are_argmax(logits, seed):
     """As temperature -> 0 sampling becomes argmax; top_k=1 is argmax at any temperature."""
@@ -302,7 +302,7 @@ def test_cold_temperature_and_top_one_are_argmax(logits, seed):
     np.testing.assert_array_equal(sample_logits(clear, key, temperature=1e-5), greedy)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, derandomize=True)
 @given(logits=logit_rows, k=st.integers(1, 7), p=st.floats(0.05, 1.0))
 def test_filter_keeps_k_largest_then_a_nucleus(logits, k, p):
     kept_k = np.isfinite(filter_logits(logits, 1.0, top_k=k))
