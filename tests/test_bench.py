@@ -44,6 +44,15 @@ def test_other_families_and_xla_attention(capsys, arch):
     assert line["mfu"] > 0
 
 
+@pytest.mark.slow
+def test_decode_flag_adds_cached_decoding(capsys):
+    _, out, line = run(capsys, ["--arch", "gpt", *TINY, "--decode", "4"])
+    assert line["decode_tokens_per_s"] > 0 and line["decode_ms_per_token"] > 0
+    assert any("cached decoding" in row for row in out)
+    for field in FIELDS:
+        assert field in line
+
+
 def test_dense_matmul_shapes_cover_forward_and_backward():
     config = bench.config_from_args(bench.parse_args(TINY))
     shapes = bench.dense_matmul_shapes(config, batch=2, seq=8)

@@ -7,7 +7,9 @@ AdamW + warmup/cosine + clipping step users train with. We compile it, run warm-
 steps, then time N steps one by one (each waits for its result) and take the median.
 Model FLOPs per step come from `txjax.cost.train_flops` (3× the forward matmuls of
 the notes); the peak is measured in the same run by timing the model's own dense
-matmul shapes, forward and backward, on the same backend; MFU = achieved / peak.
+matmul shapes, forward and backward, on the same backend, one call of each after
+every timed step so both see the same machine load; MFU = achieved / peak (medians).
+`--decode N` also times cached sampling of N tokens (txjax.decoding.generate).
 The last line printed is JSON with ms_per_step, tokens_per_s, model_flops_per_step,
 peak_flops and mfu.
 """
@@ -178,6 +180,35 @@ def bench_train(config: TransformerConfig, bench: BenchConfig) -> dict:
     }
 
 
+def bench_decode(config: TransformerConfig, batch: int, new_tokens: int, repeats: int = 3,
+                 seed: int = 0) -> dict:
+    """Cached sampling with `txjax.decoding.generate` from a one-token prompt (GPT only).
+
+    Compiled once, then timed `repeats` times; the median counts.
+    """
+    from txjax.decoding import generate
+
+    if config.family != "gpt":
+        raise ValueError(f"--decode benchmarks GPT decoding, not {config.family}")
+    if new_tokens + 1 > config.max_len and config.position == "learned":
+        config = config.replace(max_len=new_tokens + 1)
+    model = build_model(config, seed)
+    prompt_BT = jnp.zeros((batch, 1), jnp.int32)
+    run = lambda key: generate(model, prompt_BT, new_tokens, key, use_cache=True)
+    start = time.perf_counter()
+    jax.block_until_ready(run(jax.random.key(seed)))
+    first = time.perf_counter() - start
+    times = []
+    for r in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(run(jax.random.key(seed + r + 1)))
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    return {"decode_new_tokens": new_tokens, "decode_compile_s": first - median,
+            "decode_ms_per_token": 1e3 * median / new_tokens,
+            "decode_tokens_per_s": batch * new_tokens / median}
+
+
 def format_table(config: TransformerConfig, result: dict) -> str:
     """Human-readable summary of `bench_train`'s result."""
     c = config
@@ -217,6 +248,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--attention", choices=("reference", "xla"), default="reference",
                    help="attention implementation (config.attention_impl)")
+    p.add_argument("--decode", type=int, default=0, metavar="NEW_TOKENS",
+                   help="also time cached decoding (txjax.decoding.generate) of this many new tokens")
     return p.parse_args(argv)
 
 
@@ -238,6 +271,10 @@ def main(argv=None) -> dict:
                         dtype=args.dtype)
     result = bench_train(config, bench)
     print(format_table(config, result))
+    if args.decode:
+        result.update(bench_decode(config, args.batch, args.decode))
+        print(f"  cached decoding, {args.decode} new tokens x {args.batch} rows: "
+              f"{result['decode_ms_per_token']:.2f} ms / step, {result['decode_tokens_per_s']:.0f} tokens / s")
     print(json.dumps({k: v for k, v in result.items() if k != "peak_by_shape"}))
     return result
 
