@@ -32,6 +32,7 @@ def test_gpt_bench_prints_table_then_json(capsys):
     assert line["mfu"] == pytest.approx(line["model_flops_per_step"] / (line["ms_per_step"] / 1e3)
                                         / line["peak_flops"])
     assert line["peak_flops"] == max(result["peak_by_shape"].values())
+    assert line["peak_flops_best"] >= line["peak_flops"] and 0 < line["mfu_best"]
     assert line["backend"] == "cpu" and line["final_loss"] > 0
 
 
