@@ -1,0 +1,124 @@
+"""What every study shares: a plain training loop, mean ± std, tables, run metadata."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from txjax.train.steps import Batch, Stepper, TrainState
+
+
+def parse_list(text: str, kind: type = str) -> tuple:
+    """'a,b, c' -> ('a', 'b', 'c') converted by `kind`; empty items are dropped."""
+    return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+
+
+def init_params(model_cls, config, seed: int):
+    """The parameters of a fresh `model_cls(config)` seeded by `seed` (an nnx.State)."""
+    return nnx.split(model_cls(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)[1]
+
+
+def fit(stepper: Stepper, params, batch_fn: Callable[[int], Batch], steps: int, seed: int,
+        log_every: int = 50) -> tuple[TrainState, list[tuple[int, float]]]:
+    """Run `steps` jitted train steps from `params` on batch_fn(step); returns (state, [(step, loss)]).
+
+    Losses are fetched only at the end, so the host never waits on the device. A
+    non-finite final loss raises FloatingPointError.
+    """
+    state = stepper.init_state(params)
+    key = jax.random.key(seed)
+    logged = []
+    for step in range(steps):
+        state, metrics = stepper.train_step(state, batch_fn(step), key)
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            logged.append((step + 1, metrics["loss"]))
+    curve = [(s, float(v)) for s, v in jax.device_get(logged)]
+    if curve and not math.isfinite(curve[-1][1]):
+        raise FloatingPointError(f"training loss became {curve[-1][1]} by step {curve[-1][0]}")
+    return state, curve
+
+
+def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
+    """(mean, sample std (ddof=1; 0 for one value), n) of the values that are not None."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return None, None, 0
+    return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0, len(xs)
+
+
+def fmt_mean_std(mean: float | None, std: float | None, digits: int = 3) -> str:
+    """'1.234 ± 0.010', or 'n/a' when there is no value."""
+    if mean is None:
+        return "n/a"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub Markdown table."""
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: str | os.PathLike, rows: Sequence[dict]) -> Path:
+    """Rows of dicts (same keys) as CSV; None is written as 'n/a'."""
+    path = Path(path)
+    if not rows:
+        raise ValueError(f"no rows to write to {path}")
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "n/a" if v is None else v for k, v in row.items()})
+    return path
+
+
+def git_revision() -> str:
+    """The checkout's HEAD commit, with '+dirty' when tracked files differ; 'unknown' outside git."""
+    root = Path(__file__).resolve().parent.parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")
+
+
+def run_metadata(configs: dict[str, Any], started: float) -> dict:
+    """What a result folder records about how it was made: command, revision, wall time, load."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "command": " ".join([Path(sys.argv[0]).name if sys.argv else "python", *sys.argv[1:]]),
+        "argv": sys.argv,
+        "git_revision": git_revision(),
+        "wall_s": round(time.time() - started, 1),
+        "load_average_at_end": load,
+        "cpu_count": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "jax_version": jax.__version__,
+        "configs": {k: dataclasses.asdict(v) for k, v in configs.items()},
+    }
+
+
+def pyplot():
+    """matplotlib.pyplot with the Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
