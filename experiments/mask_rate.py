@@ -1,0 +1,50 @@
+"""Masking rate: BERT MLM and T5 span corruption trained at p in {0.05, 0.15, 0.3, 0.5}, scored on one fixed 15% task.
+
+    python experiments/mask_rate.py --preset cpu
+    python experiments/mask_rate.py --families bert --rates 0.15,0.5 --steps 50
+    python experiments/mask_rate.py --help
+
+Intentionally kept short: the logic lives in txjax.studies.mask_rate, where tests reach it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from txjax.studies.mask_rate import MaskRateConfig, run_study
+from txjax.train.cli import build_parser, parse_configs
+from txjax.train.config import TrainConfig
+
+PRESETS = {
+    # Sized for one accelerator.
+    "default": {
+        "train": TrainConfig(learning_rate=1e-3, warmup_steps=200, steps=5000, batch_size=64,
+                             weight_decay=0.01, b2=0.98, progress=False),
+        "study": MaskRateConfig(seeds=3, seq_len=128, d_model=256, num_heads=8, num_layers=4, d_ff=1024,
+                                out_dir="runs/mask_rate"),
+    },
+    # Sized for 2 idle CPU cores: 2 families x 4 rates, 300 steps each.
+    "cpu": {
+        "train": TrainConfig(learning_rate=3e-3, warmup_steps=30, steps=300, batch_size=32,
+                             weight_decay=0.01, b2=0.98, progress=False),
+        "study": MaskRateConfig(),
+    },
+}
+
+
+def make_parser(configs):
+    return build_parser(
+        __doc__.splitlines()[0],
+        {"train": ("training (TrainConfig)", configs["train"]),
+         "study": ("study (MaskRateConfig)", configs["study"])},
+        presets=list(PRESETS), default_preset="cpu",
+    )
+
+
+def main(argv=None) -> dict:
+    _, cfg = parse_configs(make_parser, PRESETS, argv, "cpu")
+    return run_study(cfg["train"], cfg["study"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

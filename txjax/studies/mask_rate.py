@@ -1,0 +1,204 @@
+"""Masking rate: BERT MLM and T5 span corruption trained at several rates, scored on one fixed 15% task.
+
+Answers the course notes' open question "what happens if you increase or decrease
+p_mask". Every model of a family is scored on the same held-out examples, masked once
+at 15% (BERT: 80/10/10 [MASK]/random/keep; T5: noise density 0.15, mean span 3) with a
+fixed seed, whatever rate it was trained at. Also reported: the tokens that carry a loss
+per training step (BERT: masked positions; T5: target tokens, sentinels and EOS included),
+the signal each rate buys per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from txjax import Bert, T5
+from txjax.config import BertConfig, T5Config
+from txjax.data import BatchIterator, IGNORE_INDEX, pack_tokens
+from txjax.studies.common import (
+    fit,
+    fmt_mean_std,
+    init_params,
+    markdown_table,
+    mean_std,
+    parse_list,
+    pyplot,
+    run_metadata,
+    write_csv,
+)
+from txjax.train.config import TrainConfig
+from txjax.train.steps import Stepper, bert_loss, t5_loss
+from txjax.train.text import TextRunConfig, bert_rows, corpus_split, mlm_transform, span_transform, t5_lengths
+
+FAMILIES = ("bert", "t5")
+EVAL_RATE = 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskRateConfig:
+    """Which rates and families, the model size, and the fixed held-out task."""
+
+    rates: str = "0.05,0.15,0.3,0.5"  # training masking rates (BERT) / noise densities (T5)
+    families: str = "bert,t5"  # comma list from bert, t5
+    seeds: int = 1  # seeds per (family, rate)
+    corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: tinyshakespeare beside the repo if there, else the packaged excerpt
+    seq_len: int = 64  # BERT: tokens per row with [CLS] and [SEP]; T5: encoder length
+    mean_span: float = 3.0  # T5: mean corrupted-span length
+    num_sentinels: int = 32  # T5: sentinel ids
+    heldout_examples: int = 512  # held-out examples in the fixed 15% task
+    d_model: int = 64  # D of both families
+    num_heads: int = 4  # N
+    num_layers: int = 2  # blocks (T5: per stack)
+    d_ff: int = 256  # F
+    out_dir: str = "docs/results/mask_rate"  # where tables, plot and results.json go
+
+    def __post_init__(self):
+        fams = parse_list(self.families)
+        if not fams or any(f not in FAMILIES for f in fams):
+            raise ValueError(f"families must be a comma list from {FAMILIES}, got {self.families!r}")
+        rates = parse_list(self.rates, float)
+        if not rates or any(not 0.0 < r < 1.0 for r in rates):
+            raise ValueError(f"rates must be in (0, 1), got {self.rates!r}")
+        if self.seeds < 1 or self.seq_len < 8 or self.heldout_examples < 1:
+            raise ValueError("seeds >= 1, seq_len >= 8 and heldout_examples >= 1 are required")
+
+    def text_config(self, rate: float) -> TextRunConfig:
+        """The txjax.train.text settings that build this rate's data."""
+        return TextRunConfig(corpus=self.corpus, seq_len=self.seq_len, mask_rate=rate, mean_span=self.mean_span,
+                             num_sentinels=self.num_sentinels, heldout_examples=self.heldout_examples)
+
+    def size(self) -> dict:
+        return dict(d_model=self.d_model, num_heads=self.num_heads, num_layers=self.num_layers, d_ff=self.d_ff)
+
+
+def loss_tokens(batch: dict) -> int:
+    """Tokens that carry a loss in a batch (targets that are not -100)."""
+    return int((np.asarray(batch["targets"]) != IGNORE_INDEX).sum())
+
+
+def family_data(family: str, study: MaskRateConfig):
+    """(model class, loss, config, held-out batches at 15%, make_batches(rate, seed)) for a family."""
+    eval_cfg = study.text_config(EVAL_RATE)
+    if family == "bert":
+        tok, train_ids, held_ids, _ = corpus_split(eval_cfg, "bert")
+        cfg = BertConfig(vocab_size=tok.vocab_size, max_len=study.seq_len, pad_id=tok.pad_id, **study.size())
+        train_rows = bert_rows(train_ids, tok, study.seq_len)
+        held_rows = bert_rows(held_ids, tok, study.seq_len)[: study.heldout_examples]
+        held = mlm_transform(tok, EVAL_RATE)(held_rows, np.random.default_rng(1234))
+
+        def make_batches(rate, seed, batch_size):
+            return BatchIterator(train_rows, batch_size, seed=seed, transform=mlm_transform(tok, rate))
+
+        return Bert, bert_loss, cfg, held, make_batches
+    tok, train_ids, held_ids, _ = corpus_split(eval_cfg, "t5", study.num_sentinels)
+    cfg = T5Config(vocab_size=tok.vocab_size, max_len=study.seq_len, pad_id=tok.pad_id, eos_id=tok.eos_id,
+                   decoder_start_id=tok.pad_id, **study.size())
+    raw_eval, _ = t5_lengths(eval_cfg)
+    held_rows = pack_tokens(held_ids, raw_eval)[: study.heldout_examples]
+    held = span_transform(tok, eval_cfg)(held_rows, np.random.default_rng(1234))
+
+    def make_batches(rate, seed, batch_size):
+        run_cfg = study.text_config(rate)
+        raw_len, _ = t5_lengths(run_cfg)
+        return BatchIterator(pack_tokens(train_ids, raw_len), batch_size, seed=seed,
+                             transform=span_transform(tok, run_cfg))
+
+    return T5, t5_loss, cfg, held, make_batches
+
+
+def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
+    """Train every (family, rate, seed) and score it on the fixed 15% task; write the results."""
+    started = time.time()
+    runs = []
+    for family in parse_list(study.families):
+        model_cls, loss_fn, cfg, held, make_batches = family_data(family, study)
+        stepper = Stepper(model_cls(cfg), loss_fn, train_cfg)
+        n = len(held["targets"])
+        held_batches = [{k: v[i: i + 64] for k, v in held.items()} for i in range(0, n - 63, 64)] or [held]
+        for rate in parse_list(study.rates, float):
+            for seed in range(study.seeds):
+                it = make_batches(rate, seed, train_cfg.batch_size)
+                counts = []
+
+                def batch_fn(step):
+                    b = next(it)
+                    counts.append(loss_tokens(b))
+                    return b
+
+                t0 = time.time()
+                state, curve = fit(stepper, init_params(model_cls, cfg, seed), batch_fn, train_cfg.steps, seed)
+                ev = stepper.evaluate(state.params, held_batches)
+                r = {"family": family, "rate": rate, "seed": seed, "heldout_loss": ev["loss"],
+                     "heldout_accuracy": ev["accuracy"], "heldout_tokens": ev["tokens"],
+                     "predicted_tokens_per_step": float(np.mean(counts)), "train_loss": curve[-1][1],
+                     "wall_s": round(time.time() - t0, 1)}
+                runs.append(r)
+                log(f"{family} p={rate:.2f} seed {seed}: held-out@15% loss {r['heldout_loss']:.3f} "
+                    f"acc {r['heldout_accuracy']:.3f}; {r['predicted_tokens_per_step']:.0f} predicted tokens/step "
+                    f"({r['wall_s']:.0f}s)")
+    result = {"runs": runs, "eval_rate": EVAL_RATE,
+              **run_metadata({"train": train_cfg, "study": study}, started)}
+    write_results(result, study)
+    log(f"wrote {study.out_dir} in {result['wall_s']:.0f}s (load average {result['load_average_at_end']})")
+    return result
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    out = []
+    for family in dict.fromkeys(r["family"] for r in runs):
+        for rate in dict.fromkeys(r["rate"] for r in runs if r["family"] == family):
+            rs = [r for r in runs if r["family"] == family and r["rate"] == rate]
+            row = {"family": family, "train_rate": rate, "n_seeds": len(rs)}
+            for k in ("heldout_loss", "heldout_accuracy", "predicted_tokens_per_step", "train_loss"):
+                row[f"{k}_mean"], row[f"{k}_std"], _ = mean_std([r[k] for r in rs])
+            out.append(row)
+    return out
+
+
+def markdown(summary: list[dict]) -> str:
+    header = ["family", "train p", "held-out loss @15% (nats)", "held-out accuracy @15%",
+              "predicted tokens / step", "final train loss (at own p)"]
+    rows = [[r["family"], f"{r['train_rate']:.2f}", fmt_mean_std(r["heldout_loss_mean"], r["heldout_loss_std"]),
+             fmt_mean_std(r["heldout_accuracy_mean"], r["heldout_accuracy_std"]),
+             f"{r['predicted_tokens_per_step_mean']:.0f}", f"{r['train_loss_mean']:.3f}"] for r in summary]
+    return ("### Held-out loss and accuracy on one fixed 15% task (mean ± std over seeds)\n\n"
+            + markdown_table(header, rows))
+
+
+def write_results(result: dict, study: MaskRateConfig) -> Path:
+    out = Path(study.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    summary = summarize(result["runs"])
+    write_csv(out / "table.csv", summary)
+    write_csv(out / "runs.csv", result["runs"])
+    (out / "table.md").write_text(markdown(summary))
+    plot(summary, out / "mask_rate.png")
+    return out
+
+
+def plot(summary: list[dict], path: Path) -> Path:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for family in dict.fromkeys(r["family"] for r in summary):
+        rows = [r for r in summary if r["family"] == family]
+        x = [r["train_rate"] for r in rows]
+        for ax, key in zip(axes, ("heldout_loss", "heldout_accuracy", "predicted_tokens_per_step")):
+            ax.errorbar(x, [r[f"{key}_mean"] for r in rows], yerr=[r[f"{key}_std"] for r in rows],
+                        marker="o", capsize=3, label=family)
+    for ax, title in zip(axes, ("held-out loss at 15% (nats/token)", "held-out accuracy at 15%",
+                                "tokens with a loss per step")):
+        ax.set_xlabel("training masking rate p")
+        ax.set_title(title, fontsize=9)
+        ax.axvline(EVAL_RATE, color="gray", ls=":", lw=1)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

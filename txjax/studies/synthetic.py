@@ -1,0 +1,299 @@
+"""Copy and reverse, in the manner of Kazemnejad et al. 2023 ("The Impact of Positional Encoding
+on Length Generalization in Transformers"): train on lengths 4..20, test on 21..40, exact match.
+
+Ids: 0 PAD, 1 BOS, 2 SEP, 3 EOS, then `num_symbols` symbols. The decoder-only model (GPT)
+reads `BOS x SEP y EOS` and is scored on `y EOS`; the encoder-decoder (T5) encodes `x EOS`
+and decodes `PAD y` (PAD is T5's start token) against `y EOS`. Sequences are right-padded,
+which a causal model never sees and T5's encoder masks.
+
+Exact match is measured by teacher forcing: an example counts when the argmax at every
+scored position equals the target. By induction this is exactly "greedy decoding
+reproduces y EOS", at the cost of one forward pass. A learned position table holds the
+longest training sequence; longer test sequences are reported as n/a, never clamped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from txjax import GPT, T5
+from txjax.config import POSITIONS, GPTConfig, T5Config
+from txjax.data import IGNORE_INDEX
+from txjax.studies.common import (
+    fit,
+    fmt_mean_std,
+    init_params,
+    markdown_table,
+    mean_std,
+    parse_list,
+    pyplot,
+    run_metadata,
+    write_csv,
+)
+from txjax.train.config import TrainConfig
+from txjax.train.steps import Stepper, gpt_loss, t5_loss
+
+PAD, BOS, SEP, EOS = 0, 1, 2, 3
+NUM_SPECIAL = 4
+TASKS = ("copy", "reverse")
+FAMILIES = ("gpt", "t5")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticConfig:
+    """Copy / reverse: tasks, lengths, model size, and what is compared."""
+
+    tasks: str = "copy,reverse"  # comma list from copy, reverse
+    families: str = "gpt,t5"  # gpt: decoder-only; t5: encoder-decoder
+    positions: str = ",".join(POSITIONS)  # comma list of position encodings
+    seeds: int = 1  # seeds per (task, family, encoding)
+    num_symbols: int = 20  # size of the symbol alphabet (4 special ids come on top)
+    train_min: int = 4  # shortest training input
+    train_max: int = 20  # longest training input
+    test_min: int = 21  # shortest out-of-distribution test input
+    test_max: int = 40  # longest out-of-distribution test input
+    eval_examples: int = 512  # test examples per split (in / out of distribution)
+    d_model: int = 64  # D of both families
+    num_heads: int = 4  # N
+    num_layers: int = 2  # blocks (T5: per stack)
+    d_ff: int = 256  # F
+    out_dir: str = "docs/results/synthetic"  # where tables, plot and results.json go
+
+    def __post_init__(self):
+        for name, allowed in (("tasks", TASKS), ("families", FAMILIES), ("positions", POSITIONS)):
+            items = parse_list(getattr(self, name))
+            if not items or any(x not in allowed for x in items):
+                raise ValueError(f"{name} must be a comma list from {allowed}, got {getattr(self, name)!r}")
+        if not 1 <= self.train_min <= self.train_max or not 1 <= self.test_min <= self.test_max:
+            raise ValueError("lengths must satisfy 1 <= min <= max")
+        if self.num_symbols < 2 or self.seeds < 1 or self.eval_examples < 1:
+            raise ValueError("num_symbols >= 2, seeds >= 1 and eval_examples >= 1 are required")
+
+    @property
+    def vocab_size(self) -> int:
+        return NUM_SPECIAL + self.num_symbols
+
+
+def task_output(task: str, x: np.ndarray) -> np.ndarray:
+    """The target sequence for input x."""
+    if task == "copy":
+        return x.copy()
+    if task == "reverse":
+        return x[::-1].copy()
+    raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+
+
+def sample_inputs(rng: np.random.Generator, n: int, min_len: int, max_len: int, num_symbols: int) -> list[np.ndarray]:
+    """n random symbol strings with lengths uniform in [min_len, max_len]."""
+    lengths = rng.integers(min_len, max_len + 1, n)
+    return [rng.integers(NUM_SPECIAL, NUM_SPECIAL + num_symbols, k).astype(np.int32) for k in lengths]
+
+
+def decoder_only_batch(task: str, xs: list[np.ndarray], max_len: int) -> dict[str, np.ndarray]:
+    """GPT: BOS x SEP y EOS right-padded to 2 * max_len + 3 tokens; targets only on y EOS.
+
+    inputs/targets are [B, 2 * max_len + 2] (the next-token shift of the padded rows).
+    """
+    width = 2 * max_len + 3
+    rows = np.full((len(xs), width), PAD, np.int32)
+    scored = np.zeros((len(xs), width), bool)
+    for i, x in enumerate(xs):
+        k = len(x)
+        if k > max_len:
+            raise ValueError(f"input of length {k} exceeds max_len={max_len}")
+        rows[i, : 2 * k + 3] = np.concatenate([[BOS], x, [SEP], task_output(task, x), [EOS]])
+        scored[i, k + 2: 2 * k + 3] = True  # y and EOS
+    targets = np.where(scored[:, 1:], rows[:, 1:], IGNORE_INDEX).astype(np.int32)
+    return {"inputs": rows[:, :-1], "targets": targets}
+
+
+def encoder_decoder_batch(task: str, xs: list[np.ndarray], max_len: int) -> dict[str, np.ndarray]:
+    """T5: encoder `x EOS`, decoder `PAD y`, targets `y EOS`; each [B, max_len + 1], padded."""
+    n = len(xs)
+    enc = np.full((n, max_len + 1), PAD, np.int32)
+    dec = np.full((n, max_len + 1), PAD, np.int32)
+    tgt = np.full((n, max_len + 1), IGNORE_INDEX, np.int32)
+    for i, x in enumerate(xs):
+        k = len(x)
+        if k > max_len:
+            raise ValueError(f"input of length {k} exceeds max_len={max_len}")
+        y = task_output(task, x)
+        enc[i, : k + 1] = np.concatenate([x, [EOS]])
+        dec[i, 1: k + 1] = y
+        tgt[i, : k + 1] = np.concatenate([y, [EOS]])
+    return {"enc_inputs": enc, "dec_inputs": dec, "targets": tgt}
+
+
+BATCHERS = {"gpt": decoder_only_batch, "t5": encoder_decoder_batch}
+
+
+def exact_match(logits_BTV: np.ndarray, targets_BT: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(per-example exact match, per-example token accuracy) over targets that are not -100."""
+    pred_BT = np.argmax(np.asarray(logits_BTV), axis=-1)
+    scored_BT = targets_BT != IGNORE_INDEX
+    right_BT = (pred_BT == targets_BT) & scored_BT
+    exact_B = np.all(right_BT | ~scored_BT, axis=-1)
+    return exact_B, right_BT.sum(-1) / np.maximum(scored_BT.sum(-1), 1)
+
+
+def model_config(family: str, position: str, study: SyntheticConfig):
+    """The family's config at the study's size; a learned table holds the longest training sequence."""
+    size = dict(vocab_size=study.vocab_size, d_model=study.d_model, num_heads=study.num_heads,
+                num_layers=study.num_layers, d_ff=study.d_ff, position=position)
+    if family == "gpt":
+        return GPTConfig(max_len=2 * study.train_max + 2, **size)
+    return T5Config(max_len=study.train_max + 1, pad_id=PAD, eos_id=EOS, decoder_start_id=PAD, **size)
+
+
+def fits_table(config, batch: dict[str, np.ndarray]) -> bool:
+    """False when a learned position table is shorter than the batch's sequences."""
+    if config.position != "learned":
+        return True
+    return max(v.shape[1] for v in batch.values()) <= config.max_len
+
+
+def run_one(family: str, task: str, position: str, seed: int, study: SyntheticConfig,
+            train_cfg: TrainConfig, stepper_cache: dict) -> dict:
+    """Train one model and score it in and out of distribution."""
+    cfg = model_config(family, position, study)
+    model_cls, loss = (GPT, gpt_loss) if family == "gpt" else (T5, t5_loss)
+    key = (family, position)
+    if key not in stepper_cache:  # one compile per architecture, reused across tasks and seeds
+        stepper = Stepper(model_cls(cfg), loss, train_cfg)
+        fwd = (lambda p, b: stepper.model(p)(b["inputs"])) if family == "gpt" else \
+              (lambda p, b: stepper.model(p)(b["enc_inputs"], b["dec_inputs"]))
+        stepper_cache[key] = (stepper, jax.jit(fwd))
+    stepper, logits_fn = stepper_cache[key]
+    batcher = BATCHERS[family]
+
+    def batch_fn(step):
+        rng = np.random.default_rng([seed, step, TASKS.index(task)])
+        xs = sample_inputs(rng, train_cfg.batch_size, study.train_min, study.train_max, study.num_symbols)
+        return batcher(task, xs, study.train_max)
+
+    t0 = time.time()
+    state, curve = fit(stepper, init_params(model_cls, cfg, seed), batch_fn, train_cfg.steps, seed)
+    out = {"family": family, "task": task, "position": position, "seed": seed,
+           "train_loss": curve[-1][1], "train_s": round(time.time() - t0, 1)}
+    rng = np.random.default_rng([10_000 + seed, TASKS.index(task)])  # same test sets for every encoding
+    for split, lo, hi in (("in", study.train_min, study.train_max), ("out", study.test_min, study.test_max)):
+        xs = sample_inputs(rng, study.eval_examples, lo, hi, study.num_symbols)
+        batch = batcher(task, xs, hi)
+        if not fits_table(cfg, {k: v for k, v in batch.items() if k != "targets"}):
+            out[f"{split}_exact"], out[f"{split}_token_acc"] = None, None
+            continue
+        exact, tok = [], []
+        for i in range(0, len(xs), 128):
+            part = {k: v[i: i + 128] for k, v in batch.items()}
+            e, t = exact_match(logits_fn(state.params, part), part["targets"])
+            exact.append(e)
+            tok.append(t)
+        out[f"{split}_exact"] = float(np.concatenate(exact).mean())
+        out[f"{split}_token_acc"] = float(np.concatenate(tok).mean())
+    return out
+
+
+def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict:
+    started = time.time()
+    cache: dict = {}
+    runs = []
+    for family in parse_list(study.families):
+        for task in parse_list(study.tasks):
+            for position in parse_list(study.positions):
+                for seed in range(study.seeds):
+                    r = run_one(family, task, position, seed, study, train_cfg, cache)
+                    runs.append(r)
+                    log(f"{family} {task:>7} {position:>10} seed {seed}: loss {r['train_loss']:.3f} "
+                        f"({r['train_s']:.0f}s) exact in {_pct(r['in_exact'])} out {_pct(r['out_exact'])}")
+    result = {"runs": runs, **run_metadata({"train": train_cfg, "study": study}, started)}
+    write_results(result, study)
+    log(f"wrote {study.out_dir} in {result['wall_s']:.0f}s (load average {result['load_average_at_end']})")
+    return result
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    out = []
+    keys = []
+    for r in runs:
+        k = (r["family"], r["task"], r["position"])
+        if k not in keys:
+            keys.append(k)
+    for family, task, position in keys:
+        rs = [r for r in runs if (r["family"], r["task"], r["position"]) == (family, task, position)]
+        row = {"family": family, "task": task, "position": position, "n_seeds": len(rs)}
+        for split in ("in", "out"):
+            for metric in ("exact", "token_acc"):
+                m, s, _ = mean_std([r[f"{split}_{metric}"] for r in rs])
+                row[f"{split}_{metric}_mean"], row[f"{split}_{metric}_std"] = m, s
+        out.append(row)
+    return out
+
+
+def markdown(summary: list[dict]) -> str:
+    def cell(row, split):
+        m, s = row[f"{split}_exact_mean"], row[f"{split}_exact_std"]
+        if m is None:
+            return "n/a"
+        return f"{100 * m:.1f}" + (f" ± {100 * s:.1f}" if row["n_seeds"] > 1 else "")
+
+    parts = []
+    for family in dict.fromkeys(r["family"] for r in summary):
+        name = {"gpt": "Decoder-only (GPT)", "t5": "Encoder-decoder (T5)"}[family]
+        tasks = list(dict.fromkeys(r["task"] for r in summary if r["family"] == family))
+        header = ["encoding"] + [f"{t} {s}" for t in tasks for s in ("in (4–20)", "out (21–40)")]
+        rows = []
+        for p in dict.fromkeys(r["position"] for r in summary if r["family"] == family):
+            cells = [p]
+            for t in tasks:
+                row = next(r for r in summary if (r["family"], r["task"], r["position"]) == (family, t, p))
+                cells += [cell(row, "in"), cell(row, "out")]
+            rows.append(cells)
+        parts.append(f"### {name}: exact-match accuracy (%)\n\n" + markdown_table(header, rows))
+    return "\n".join(parts)
+
+
+def write_results(result: dict, study: SyntheticConfig) -> Path:
+    out = Path(study.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    summary = summarize(result["runs"])
+    write_csv(out / "table.csv", summary)
+    write_csv(out / "runs.csv", result["runs"])
+    (out / "table.md").write_text(markdown(summary))
+    plot(summary, out / "synthetic.png")
+    return out
+
+
+def plot(summary: list[dict], path: Path) -> Path:
+    plt = pyplot()
+    panels = list(dict.fromkeys((r["family"], r["task"]) for r in summary))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), sharey=True, squeeze=False)
+    for ax, (family, task) in zip(axes[0], panels):
+        rows = [r for r in summary if (r["family"], r["task"]) == (family, task)]
+        x = np.arange(len(rows))
+        for j, (split, label) in enumerate((("in", "in distribution"), ("out", "out of distribution"))):
+            vals = [np.nan if r[f"{split}_exact_mean"] is None else 100 * r[f"{split}_exact_mean"] for r in rows]
+            ax.bar(x + (j - 0.5) * 0.4, vals, 0.4, label=label)
+        for i, r in enumerate(rows):
+            if r["out_exact_mean"] is None:
+                ax.text(i + 0.2, 2, "n/a", ha="center", fontsize=7, rotation=90)
+        ax.set_xticks(x, [r["position"] for r in rows], rotation=45, fontsize=8)
+        ax.set_title(f"{family} {task}")
+        ax.set_ylim(0, 100)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("exact match (%)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
