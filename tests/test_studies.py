@@ -1,0 +1,359 @@
+"""Studies: evaluation functions on hand cases, task generators, attention recomputation, tiny end-to-end runs."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from txjax import GPT, Bert, GPTConfig, ops
+from txjax.config import BertConfig
+from txjax.data import IGNORE_INDEX
+from txjax.studies import length, synthetic
+from txjax.studies.attention_maps import layer_attention
+from txjax.studies.common import fmt_mean_std, mean_std
+from txjax.studies.mask_rate import EVAL_RATE, MaskRateConfig, family_data, loss_tokens
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def jit_logits(model):
+    """model(tokens) as one jitted function of NumPy tokens."""
+    graphdef, state = nnx.split(model)
+    fn = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    return lambda x: fn(state, jnp.asarray(x, jnp.int32))
+
+
+# --------------------------------------------------------------------------- length: windows and bits/char
+
+
+def alternating_model(tokens_BW):
+    """Hand model over V=2: position 0 of a window is uniform (1 bit); later positions put
+    probability 3/4 on 'the other symbol' (log2(4/3) bits when the text alternates)."""
+    b, w = tokens_BW.shape
+    logits = np.zeros((b, w, 2))
+    other = 1 - np.asarray(tokens_BW)
+    logits[:, 1:, :] = 0.0
+    np.put_along_axis(logits[:, 1:], other[:, 1:, None], math.log(3.0), axis=-1)
+    return logits
+
+
+def test_bits_per_char_hand_case_nonoverlapping_and_sliding():
+    ids = np.array([0, 1] * 10, np.int32)  # alternating text: the hand model is right with p = 3/4
+    cfg = GPTConfig(vocab_size=2, max_len=4, d_model=8, num_heads=2, num_layers=1, d_ff=8, position="rope")
+    good = -math.log2(0.75)
+    # Non-overlapping windows of 4 over 8 targets: two windows, each 1 bit + 3 good ones.
+    got = length.bits_per_char(alternating_model, cfg, ids, window=4, n_tokens=8)
+    assert got == pytest.approx((2 * (1 + 3 * good)) / 8)
+    # Sliding, stride 2: the first window scores 4 targets (1 + 3 good), windows at 2 and 4
+    # score only their last 2, which all have context: 1 + 7 good over 8.
+    got = length.bits_per_char(alternating_model, cfg, ids, window=4, n_tokens=8, stride=2)
+    assert got == pytest.approx((1 + 7 * good) / 8)
+    # Batching (padding the last batch) does not change the answer.
+    got = length.bits_per_char(alternating_model, cfg, ids, window=4, n_tokens=8, stride=2, batch_tokens=4)
+    assert got == pytest.approx((1 + 7 * good) / 8)
+
+
+@pytest.mark.parametrize("window,stride", [(8, 8), (8, 4), (8, 1), (16, 4), (32, 32)])
+def test_sliding_windows_score_every_target_once(window, stride):
+    ids = np.arange(100, dtype=np.int32)
+    inputs, targets, scored = length.sliding_windows(ids, window, stride, 32)
+    np.testing.assert_array_equal(targets, inputs + 1)  # next-character targets
+    np.testing.assert_array_equal(np.sort(targets[scored]), np.arange(1, 33))
+    # every scored target after the first window sees at least window - stride characters
+    context = np.broadcast_to(np.arange(window), scored.shape)
+    assert (context[1:][scored[1:]] >= window - stride).all()
+    inputs, targets, scored = length.nonoverlapping_windows(ids, window, 32)
+    np.testing.assert_array_equal(np.sort(targets[scored]), np.arange(1, 33))
+
+
+def test_windows_reject_lengths_that_do_not_tile():
+    ids = np.arange(50, dtype=np.int32)
+    with pytest.raises(ValueError):
+        length.nonoverlapping_windows(ids, 7, 32)
+    with pytest.raises(ValueError):
+        length.sliding_windows(ids, 8, 5, 32)
+
+
+def test_learned_positions_past_their_table_are_na_not_clamped():
+    cfg = GPTConfig(vocab_size=5, max_len=8, d_model=8, num_heads=2, num_layers=1, d_ff=8, position="learned")
+    model = GPT(cfg, rngs=nnx.Rngs(0))
+    ids = np.random.default_rng(0).integers(0, 5, 40).astype(np.int32)
+    calls = []
+    model_fn = jit_logits(model)
+
+    def logits_fn(x):
+        calls.append(x.shape)
+        return model_fn(x)
+
+    assert length.bits_per_char(logits_fn, cfg, ids, window=16, n_tokens=32) is None
+    assert length.bits_per_char(logits_fn, cfg, ids, window=16, n_tokens=32, stride=4) is None
+    assert calls == []  # never run at all, so nothing could be clamped
+    with pytest.raises(ValueError, match="max_len"):  # and the model itself refuses such input
+        model(jnp.asarray(ids[None, :16]))
+    in_table = length.bits_per_char(logits_fn, cfg, ids, window=8, n_tokens=32, stride=4)
+    assert math.isfinite(in_table) and in_table > 0
+    # the same window with sinusoidal positions is scored beyond max_len
+    sin = cfg.replace(position="sinusoidal")
+    sin_model = GPT(sin, rngs=nnx.Rngs(0))
+    got = length.bits_per_char(jit_logits(sin_model), sin, ids, window=16, n_tokens=32)
+    assert math.isfinite(got)
+
+
+def test_lm_batches_are_shifted_windows_of_the_training_text():
+    ids = np.arange(1000, dtype=np.int32)
+    b = length.lm_batches(ids, 16, 4, seed=3)(7)
+    assert b["inputs"].shape == b["targets"].shape == (4, 16)
+    np.testing.assert_array_equal(b["targets"], b["inputs"] + 1)
+    np.testing.assert_array_equal(length.lm_batches(ids, 16, 4, seed=3)(7)["inputs"], b["inputs"])
+
+
+def test_length_config_validation():
+    with pytest.raises(ValueError):
+        length.LengthStudyConfig(positions="learned,bogus")
+    with pytest.raises(ValueError):
+        length.LengthStudyConfig(stride=5)  # does not divide 64
+    with pytest.raises(ValueError):
+        length.LengthStudyConfig(eval_tokens=100)  # shorter than 16 x 64
+    assert length.LengthStudyConfig(eval_tokens=5000).scored_tokens == 4096
+
+
+def test_mean_std_and_na():
+    assert mean_std([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2.0)), 2)
+    assert mean_std([None, None]) == (None, None, 0)
+    assert fmt_mean_std(None, None) == "n/a"
+    assert fmt_mean_std(1.0, 0.25, 2) == "1.00 ± 0.25"
+
+
+def test_summary_and_markdown_show_na_for_learned():
+    runs = [{"position": p, "seed": s, "method": m, "multiple": k, "length": 4 * k,
+             "bits_per_char": (None if p == "learned" and k > 1 else 2.0 + s)}
+            for p in ("learned", "alibi") for s in (0, 1) for m in length.METHODS for k in (1, 2)]
+    summary = length.summarize(runs, ["learned", "alibi"], [1, 2])
+    row = next(r for r in summary if r["position"] == "learned" and r["multiple"] == 2)
+    assert row["mean_bits_per_char"] is None and row["n_seeds"] == 0
+    md = length.markdown(summary, ["learned", "alibi"], [1, 2], 4)
+    assert "| learned | 2.500 ± 0.707 | n/a |" in md
+    assert "| alibi | 2.500 ± 0.707 | 2.500 ± 0.707 |" in md
+
+
+# --------------------------------------------------------------------------- synthetic tasks
+
+
+def test_copy_and_reverse_generators():
+    x = np.array([5, 6, 7], np.int32)
+    np.testing.assert_array_equal(synthetic.task_output("copy", x), x)
+    np.testing.assert_array_equal(synthetic.task_output("reverse", x), [7, 6, 5])
+    with pytest.raises(ValueError):
+        synthetic.task_output("sort", x)
+    rng = np.random.default_rng(0)
+    xs = synthetic.sample_inputs(rng, 200, 4, 20, 20)
+    lengths = [len(v) for v in xs]
+    assert min(lengths) >= 4 and max(lengths) <= 20 and len(set(lengths)) > 10
+    allv = np.concatenate(xs)
+    assert allv.min() >= synthetic.NUM_SPECIAL and allv.max() < synthetic.NUM_SPECIAL + 20
+
+
+def test_decoder_only_batch_layout():
+    b = synthetic.decoder_only_batch("reverse", [np.array([5, 6, 7], np.int32)], max_len=4)
+    B, S, E, P = synthetic.BOS, synthetic.SEP, synthetic.EOS, synthetic.PAD
+    #          rows: BOS 5 6 7 SEP 7 6 5 EOS PAD PAD  (width 2*4+3 = 11)
+    np.testing.assert_array_equal(b["inputs"][0], [B, 5, 6, 7, S, 7, 6, 5, E, P])
+    I = IGNORE_INDEX
+    np.testing.assert_array_equal(b["targets"][0], [I, I, I, I, 7, 6, 5, E, I, I])  # SEP predicts y[0]
+    with pytest.raises(ValueError):
+        synthetic.decoder_only_batch("copy", [np.arange(5, 10)], max_len=4)
+
+
+def test_encoder_decoder_batch_layout():
+    b = synthetic.encoder_decoder_batch("copy", [np.array([5, 6], np.int32)], max_len=3)
+    E, P, I = synthetic.EOS, synthetic.PAD, IGNORE_INDEX
+    np.testing.assert_array_equal(b["enc_inputs"][0], [5, 6, E, P])
+    np.testing.assert_array_equal(b["dec_inputs"][0], [P, 5, 6, P])
+    np.testing.assert_array_equal(b["targets"][0], [5, 6, E, I])
+
+
+def test_exact_match_counts_only_scored_positions():
+    targets = np.array([[IGNORE_INDEX, 1, 2], [0, 1, IGNORE_INDEX], [2, 2, 2]])
+    pred = np.array([[0, 1, 2], [0, 0, 1], [2, 2, 1]])
+    logits = np.eye(3)[pred]
+    exact, tok = synthetic.exact_match(logits, targets)
+    np.testing.assert_array_equal(exact, [True, False, False])
+    np.testing.assert_allclose(tok, [1.0, 0.5, 2 / 3])
+
+
+def prefix_hash_model(tokens_BT):
+    """A causal hand model: the prediction at t is a fixed hash of tokens[: t + 1] onto {symbol 4, symbol 5, EOS}."""
+    choices = np.array([4, 5, synthetic.EOS])
+    weights = np.arange(1, tokens_BT.shape[1] + 1) * 7 + 3
+    h_BT = np.cumsum(np.asarray(tokens_BT) * weights[None, :], axis=1) % 3
+    return np.eye(6)[choices[h_BT]]
+
+
+def test_teacher_forced_exact_match_equals_greedy_decoding():
+    """The module's claim: all argmaxes right under teacher forcing <=> greedy decoding reproduces y EOS."""
+    xs = synthetic.sample_inputs(np.random.default_rng(0), 200, 1, 3, 2)
+    batch = synthetic.decoder_only_batch("copy", xs, 3)
+    exact, _ = synthetic.exact_match(prefix_hash_model(batch["inputs"]), batch["targets"])
+    width = batch["inputs"].shape[1]
+    for i, x in enumerate(xs):  # greedy decoding, one full (right-padded, causal) forward per token
+        seq = [synthetic.BOS, *x.tolist(), synthetic.SEP]
+        want = [*x.tolist(), synthetic.EOS]
+        for _ in want:
+            row = np.full((1, width), synthetic.PAD, np.int32)
+            row[0, : len(seq)] = seq
+            seq.append(int(np.argmax(prefix_hash_model(row)[0, len(seq) - 1])))
+        assert (seq[len(x) + 2:] == want) == bool(exact[i])
+    assert 0 < exact.sum() < len(xs)  # both outcomes occur, so the check is not vacuous
+
+
+# --------------------------------------------------------------------------- mask rate
+
+
+def test_mask_rate_heldout_task_is_fixed_at_15_percent():
+    study = MaskRateConfig(corpus="default", seq_len=32, heldout_examples=64, families="bert,t5")
+    _, _, _, held_bert, make_bert = family_data("bert", study)
+    scored = held_bert["targets"] != IGNORE_INDEX
+    assert abs(scored[:, 1:-1].mean() - EVAL_RATE) < 0.03  # [CLS]/[SEP] are never chosen
+    _, _, _, held_again, _ = family_data("bert", study)
+    np.testing.assert_array_equal(held_bert["inputs"], held_again["inputs"])  # same task every time
+    lo = loss_tokens(next(make_bert(0.05, 0, 16)))
+    hi = loss_tokens(next(make_bert(0.5, 0, 16)))
+    assert hi > 5 * lo  # training batches follow their own rate
+    _, _, _, held_t5, make_t5 = family_data("t5", study)
+    assert held_t5["enc_inputs"].shape[1] == 32
+    assert loss_tokens(next(make_t5(0.5, 0, 8))) > 2 * loss_tokens(next(make_t5(0.15, 0, 8)))
+
+
+def test_mask_rate_config_validation():
+    with pytest.raises(ValueError):
+        MaskRateConfig(rates="0.15,1.0")
+    with pytest.raises(ValueError):
+        MaskRateConfig(families="gpt")
+
+
+# --------------------------------------------------------------------------- attention maps
+
+
+@pytest.mark.parametrize("position", ["rope", "t5", "learned"])
+def test_layer_attention_reproduces_the_model_gpt(position):
+    cfg = GPTConfig(vocab_size=11, max_len=12, d_model=16, num_heads=2, num_layers=2, d_ff=16, position=position)
+    model = GPT(cfg, rngs=nnx.Rngs(1))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (2, 9)), jnp.int32)
+    w = layer_attention(model, tokens, 1)
+    assert w.shape == (2, 2, 9, 9)
+    np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, rtol=1e-5)
+    assert float(jnp.abs(jnp.triu(w, 1)).max()) == 0.0  # causal: nothing above the diagonal
+    # the weights times the layer's values give exactly the layer's attention output
+    stack = model.decoder
+    positions = jnp.arange(9)
+    x = stack.embed_positions(model.embed(tokens), positions)
+    bias = ops.mask_to_bias(model.mask(tokens))
+    rel = stack.positions.attention_bias(positions, positions)
+    bias = bias if rel is None else bias + rel
+    rope = (positions, positions) if stack.positions.rope else None
+    x = stack.blocks[0](x, bias, rope)
+    blk = stack.blocks[1]
+    h = blk.self_norm(x)
+    want = blk.self_attn(h, None, bias, rope)
+    _, v = blk.self_attn.project_kv(h)
+    got = blk.self_attn.o(ops.merge_heads(jnp.einsum("BNTS,BSNH->BTNH", w, v)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+def test_layer_attention_bert_masks_padding_and_checks_layer():
+    cfg = BertConfig(vocab_size=9, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=16)
+    model = Bert(cfg, rngs=nnx.Rngs(0))
+    tokens = jnp.asarray([[2, 5, 6, 3, 0, 0]], jnp.int32)  # two [PAD] keys
+    w = np.asarray(layer_attention(model, tokens, 0))
+    assert w.shape == (1, 2, 6, 6)
+    assert np.abs(w[..., 4:]).max() == 0.0 and (w[..., :4] > 0).all()
+    with pytest.raises(ValueError, match="layer"):
+        layer_attention(model, tokens, 1)
+
+
+# --------------------------------------------------------------------------- tiny end-to-end runs
+
+TINY = ["--d_model", "16", "--num_heads", "2", "--num_layers", "1", "--d_ff", "32", "--steps", "2",
+        "--warmup_steps", "1", "--batch_size", "4"]
+
+
+def run_script(name, *args):
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / name), *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+
+
+@pytest.mark.slow
+def test_length_extrapolation_script_end_to_end(tmp_path):
+    out = tmp_path / "le"
+    args = [*TINY, "--positions", "learned,alibi", "--seeds", "2", "--multiples", "1,2", "--train_len", "16",
+            "--eval_tokens", "64", "--corpus", "default", "--out_dir", str(out)]
+    proc = run_script("length_extrapolation.py", *args)
+    assert proc.returncode == 0, proc.stderr
+    for f in ("table.md", "table.csv", "runs.csv", "results.json", "length_extrapolation.png"):
+        assert (out / f).stat().st_size > 0
+    md = (out / "table.md").read_text()
+    assert "| learned |" in md and "n/a" in md
+    res = json.loads((out / "results.json").read_text())
+    learned_2x = [r["bits_per_char"] for r in res["runs"] if r["position"] == "learned" and r["multiple"] == 2]
+    alibi_2x = [r["bits_per_char"] for r in res["runs"] if r["position"] == "alibi" and r["multiple"] == 2]
+    assert learned_2x == [None] * 4 and all(math.isfinite(v) for v in alibi_2x) and len(alibi_2x) == 4
+    assert res["git_revision"] and res["parts"][0]["command"].startswith("length_extrapolation.py")
+    # a second start finds every run done and only rewrites the tables
+    proc = run_script("length_extrapolation.py", *args)
+    assert proc.returncode == 0 and "seed" not in proc.stdout.split("\n", 1)[1]
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 2 * 2 * (2 * 2 + 1)
+
+
+@pytest.mark.slow
+def test_synthetic_script_end_to_end(tmp_path):
+    out = tmp_path / "syn"
+    proc = run_script("synthetic_tasks.py", *TINY, "--tasks", "reverse", "--positions", "none,learned",
+                      "--eval_examples", "16", "--out_dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert len(res["runs"]) == 2 * 2  # families x encodings
+    for r in res["runs"]:
+        assert 0.0 <= r["in_exact"] <= 1.0
+        assert (r["out_exact"] is None) == (r["position"] == "learned")
+    assert "n/a" in (out / "table.md").read_text() and (out / "synthetic.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_mask_rate_script_end_to_end(tmp_path):
+    out = tmp_path / "mr"
+    # seq_len 64 as in the cpu preset: at 16, T5's length helper cannot fit one span at p = 0.05
+    proc = run_script("mask_rate.py", *TINY, "--rates", "0.05,0.5", "--seq_len", "64", "--heldout_examples", "64",
+                      "--corpus", "default", "--out_dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "results.json").read_text())
+    by = {(r["family"], r["rate"]): r for r in res["runs"]}
+    assert set(by) == {("bert", 0.05), ("bert", 0.5), ("t5", 0.05), ("t5", 0.5)}
+    for fam in ("bert", "t5"):  # the held-out task is the same size whatever the training rate
+        assert by[(fam, 0.05)]["heldout_tokens"] == by[(fam, 0.5)]["heldout_tokens"]
+        assert by[(fam, 0.5)]["predicted_tokens_per_step"] > by[(fam, 0.05)]["predicted_tokens_per_step"]
+        assert all(math.isfinite(by[(fam, r)]["heldout_loss"]) for r in (0.05, 0.5))
+    assert (out / "mask_rate.png").stat().st_size > 0 and "| bert | 0.05 |" in (out / "table.md").read_text()
+
+
+@pytest.mark.slow
+def test_attention_maps_script_end_to_end(tmp_path):
+    png = tmp_path / "maps" / "a.png"
+    proc = run_script("attention_maps.py", "--d_model", "16", "--num_heads", "2", "--num_layers", "2",
+                      "--d_ff", "32", "--train_steps", "2", "--batch_size", "4", "--corpus", "default",
+                      "--layer", "1", "--text", "To be", "--out", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unique_runs_keeps_the_first_of_repeated_runs():
+    rows = [{"position": "rope", "seed": 0, "method": "sliding", "multiple": 1, "bits_per_char": 2.0},
+            {"position": "rope", "seed": 0, "method": "sliding", "multiple": 1, "bits_per_char": 9.0},
+            {"position": "rope", "seed": 1, "method": "sliding", "multiple": 1, "bits_per_char": 3.0}]
+    assert [r["bits_per_char"] for r in length.unique_runs(rows)] == [2.0, 3.0]
