@@ -139,8 +139,8 @@ def test_summary_and_markdown_show_na_for_learned():
     row = next(r for r in summary if r["position"] == "learned" and r["multiple"] == 2)
     assert row["mean_bits_per_char"] is None and row["n_seeds"] == 0
     md = length.markdown(summary, ["learned", "alibi"], [1, 2], 4)
-    assert "| learned | 2.500 ± 0.707 | n/a |" in md
-    assert "| alibi | 2.500 ± 0.707 | 2.500 ± 0.707 |" in md
+    assert "| learned | 2 | 2.500 ± 0.707 | n/a |" in md
+    assert "| alibi | 2 | 2.500 ± 0.707 | 2.500 ± 0.707 |" in md
 
 
 # --------------------------------------------------------------------------- synthetic tasks
@@ -357,3 +357,16 @@ def test_unique_runs_keeps_the_first_of_repeated_runs():
             {"position": "rope", "seed": 0, "method": "sliding", "multiple": 1, "bits_per_char": 9.0},
             {"position": "rope", "seed": 1, "method": "sliding", "multiple": 1, "bits_per_char": 3.0}]
     assert [r["bits_per_char"] for r in length.unique_runs(rows)] == [2.0, 3.0]
+
+
+def test_rebuild_tables_from_runs_jsonl(tmp_path):
+    rows = [{"position": p, "seed": s, "method": m, "multiple": k, "length": 64 * k,
+             "bits_per_char": None if p == "learned" and k > 1 else 3.0 + 0.1 * s}
+            for p in ("alibi", "learned") for s in (0, 1) for m in length.METHODS for k in (1, 2)]
+    length.append_jsonl(tmp_path / "runs.jsonl", rows + rows[:3])  # a repeated run is counted once
+    res = length.rebuild_tables(tmp_path)
+    assert len(res["runs"]) == len(rows)
+    md = (tmp_path / "table.md").read_text()
+    assert md.index("| learned |") < md.index("| alibi |")  # canonical encoding order
+    assert "| learned | 2 | 3.050 ± 0.071 | n/a |" in md
+    assert (tmp_path / "length_extrapolation.png").stat().st_size > 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,7 @@ from txjax.data import CharTokenizer, load_corpus
 from txjax.studies.common import (
     fit,
     fmt_mean_std,
+    git_revision,
     init_params,
     markdown_table,
     mean_std,
@@ -279,6 +281,21 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
     return result
 
 
+def rebuild_tables(out_dir: str | Path) -> dict:
+    """Rewrite results.json, the tables and the plot from out_dir/runs.jsonl without training
+    (for a study stopped part-way, or split across processes)."""
+    out = Path(out_dir)
+    parts = read_jsonl(out / "parts.jsonl")
+    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": parts,
+              "rebuilt_from_runs_jsonl": True, "git_revision_of_rebuild": git_revision(),
+              "load_average_at_rebuild": list(os.getloadavg())}
+    if not result["runs"]:
+        raise ValueError(f"no runs in {out / 'runs.jsonl'}")
+    train_len = min(r["length"] for r in result["runs"] if r["multiple"] == 1)
+    write_results(result, LengthStudyConfig(train_len=train_len, out_dir=str(out)))
+    return result
+
+
 # --------------------------------------------------------------------------- tables and plot
 
 
@@ -302,12 +319,12 @@ def markdown(summary: list[dict], positions, multiples, train_len: int) -> str:
     parts = []
     for method in METHODS:
         title = {"nonoverlapping": "Non-overlapping windows", "sliding": "Sliding window"}[method]
-        header = ["encoding"] + [f"{m}× ({m * train_len})" for m in multiples]
+        header = ["encoding", "seeds"] + [f"{m}× ({m * train_len})" for m in multiples]
         rows = []
         for p in positions:
-            cells = {r["multiple"]: fmt_mean_std(r["mean_bits_per_char"], r["std"])
-                     for r in summary if r["position"] == p and r["method"] == method}
-            rows.append([p] + [cells[m] for m in multiples])
+            mine = [r for r in summary if r["position"] == p and r["method"] == method]
+            cells = {r["multiple"]: fmt_mean_std(r["mean_bits_per_char"], r["std"]) for r in mine}
+            rows.append([p, max(len(r["values"].split()) for r in mine)] + [cells[m] for m in multiples])
         parts.append(f"### {title}: held-out bits per character (mean ± std over seeds)\n\n"
                      + markdown_table(header, rows))
     return "\n".join(parts)
@@ -349,8 +366,13 @@ def plot(summary: list[dict], positions, train_len: int, path: Path) -> Path:
     axes[1].legend(fontsize=8)
     all_vals = [r["mean_bits_per_char"] for r in summary if r["mean_bits_per_char"] is not None]
     if all_vals:  # blown-up encodings would hide the differences that matter
-        lo = min(all_vals)
-        axes[0].set_ylim(lo - 0.1, min(max(all_vals) + 0.1, lo + 3.0))
+        lo, hi = min(all_vals), max(all_vals)
+        axes[0].set_ylim(lo - 0.1, min(hi + 0.1, lo + 3.0))
+        if hi + 0.1 > lo + 3.0:
+            fig.text(0.01, 0.01, "y axis clipped: some points lie above it (see table.md)", fontsize=7)
+    if "learned" in positions:
+        fig.text(0.5, 0.01, "learned: n/a beyond its table of train-length positions (never clamped)",
+                 fontsize=7, ha="center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
