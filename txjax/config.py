@@ -15,7 +15,8 @@ POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
-ATTENTION_IMPLS = ("reference", "xla")
+DTYPES = ("float32", "bfloat16")
+ATTENTION_IMPLS = ("reference", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,9 @@ class TransformerConfig:
     num_buckets: int = 32  # T5 relative-position buckets
     max_distance: int = 128  # T5: offsets beyond this share the last bucket
     pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
-    attention_impl: str = "reference"  # "reference" (txjax.ops) or "xla" (jax.nn.dot_product_attention)
+    dtype: str = "float32"  # compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32
+    remat: bool = False  # recompute each block's activations in the backward pass (gradient checkpointing)
+    attention_impl: str = "reference"  # "reference" (txjax.ops), "xla" or "cudnn" (jax.nn.dot_product_attention; cudnn: NVIDIA GPU only)
 
     family: ClassVar[str] = "transformer"
 
@@ -57,6 +60,7 @@ class TransformerConfig:
             ("norm", NORMS),
             ("norm_position", NORM_POSITIONS),
             ("activation", ACTIVATIONS),
+            ("dtype", DTYPES),
             ("attention_impl", ATTENTION_IMPLS),
         ):
             if getattr(self, name) not in allowed:

@@ -17,7 +17,8 @@ class MLMHead(nnx.Module):
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.activation = config.activation
-        self.dense = nnx.Linear(config.d_model, config.d_model, kernel_init=INIT, rngs=rngs)
+        self.dense = nnx.Linear(config.d_model, config.d_model, kernel_init=INIT, dtype=config.dtype,
+                                rngs=rngs)
         self.norm = make_norm(config)
         self.bias = nnx.Param(jnp.zeros((config.vocab_size,)))
 
@@ -30,8 +31,8 @@ class Bert(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         self.config = config
-        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs)
-        self.segments = Embed(config.type_vocab_size, config.d_model, rngs=rngs)
+        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
+        self.segments = Embed(config.type_vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.embed_norm = make_norm(config) if config.embedding_norm else None
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs)

@@ -17,12 +17,13 @@ class GPT(nnx.Module):
     def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         self.config = config
-        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs)
+        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.decoder = TransformerStack(config, config.num_layers, causal=True, cross=False, rngs=rngs)
         self.head = (
             None if config.tie_embeddings
-            else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT, rngs=rngs)
+            else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT,
+                            dtype=config.dtype, rngs=rngs)
         )
 
     def mask(self, tokens_BT: jax.Array) -> jax.Array:
@@ -33,7 +34,8 @@ class GPT(nnx.Module):
         return mask
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:
-        return self.embed.attend(h_BTD) if self.head is None else self.head(h_BTD)
+        """float32 logits (the head may compute in bfloat16)."""
+        return self.embed.attend(h_BTD) if self.head is None else self.head(h_BTD).astype(jnp.float32)
 
     def __call__(self, tokens_BT: jax.Array) -> jax.Array:
         """tokens_BT -> logits_BTV; position t sees tokens 0..t only."""

@@ -17,13 +17,14 @@ class T5(nnx.Module):
     def __init__(self, config: T5Config, *, rngs: nnx.Rngs | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         self.config = config
-        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs)
+        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs)
         self.decoder = TransformerStack(config, config.decoder_layers, causal=True, cross=True, rngs=rngs)
         self.head = (
             None if config.tie_embeddings
-            else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT, rngs=rngs)
+            else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT,
+                            dtype=config.dtype, rngs=rngs)
         )
 
     def encoder_mask(self, enc_tokens_BS: jax.Array) -> jax.Array | None:
@@ -40,7 +41,7 @@ class T5(nnx.Module):
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:
         if self.head is not None:
-            return self.head(h_BTD)
+            return self.head(h_BTD).astype(jnp.float32)
         # T5 rescales before a tied head so logits keep the scale of an untied one.
         return self.embed.attend(h_BTD * self.config.d_model**-0.5)
 

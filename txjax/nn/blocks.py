@@ -123,6 +123,24 @@ class TransformerBlock(nnx.Module):
         return self._residual(x_BTD, self.ffn_norm, self.ffn), k_cache_BSNH, v_cache_BSNH
 
 
+def remat_block(block: TransformerBlock, *args) -> jax.Array:
+    """`block(*args)` under `jax.checkpoint`: the backward pass recomputes the block's
+    activations from its input instead of storing them (gradient checkpointing).
+
+    The block is split into (graphdef, state) and merged inside the checkpointed
+    function, so its dropout RNG counts advance exactly as without remat.
+    """
+    graphdef, state = nnx.split(block)
+
+    def run(state, *args):
+        inner = nnx.merge(graphdef, state)
+        return inner(*args), nnx.state(inner)
+
+    out_BTD, state = jax.checkpoint(run)(state, *args)
+    nnx.update(block, state)
+    return out_BTD
+
+
 class TransformerStack(nnx.Module):
     """Positions, `num_layers` blocks and (pre-norm) a final norm.
 
@@ -135,6 +153,7 @@ class TransformerStack(nnx.Module):
     def __init__(self, config: TransformerConfig, num_layers: int, *, causal: bool, cross: bool,
                  rngs: nnx.Rngs):
         self.causal = causal
+        self.remat = config.remat
         self.positions = Positions(config, bidirectional=not causal, rngs=rngs)
         self.blocks = nnx.List(
             [TransformerBlock(config, cross=cross, rngs=rngs) for _ in range(num_layers)]
@@ -158,7 +177,10 @@ class TransformerStack(nnx.Module):
         rope = (positions_T, positions_T) if self.positions.rope else None
         cross_bias = None if cross_mask is None else ops.mask_to_bias(cross_mask)
         for block in self.blocks:
-            x_BTD = block(x_BTD, bias, rope, enc_BSD, cross_bias)
+            if self.remat:
+                x_BTD = remat_block(block, x_BTD, bias, rope, enc_BSD, cross_bias)
+            else:
+                x_BTD = block(x_BTD, bias, rope, enc_BSD, cross_bias)
         if self.final_norm is not None:
             x_BTD = self.final_norm(x_BTD)
         return x_BTD

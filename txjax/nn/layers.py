@@ -36,15 +36,19 @@ def check_tokens(tokens: jax.Array, vocab_size: int, name: str = "tokens") -> No
 class Embed(nnx.Module):
     """Token embedding [V, D]; `attend` is the tied output head x @ E^T."""
 
-    def __init__(self, num_embeddings: int, features: int, *, rngs: nnx.Rngs):
+    def __init__(self, num_embeddings: int, features: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.num_embeddings = num_embeddings
+        self.dtype = jnp.dtype(dtype)  # of the looked-up rows; the table itself is float32
         self.embedding = nnx.Param(INIT(rngs.params(), (num_embeddings, features)))
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        return jnp.take(self.embedding[...], ids, axis=0, mode="fill", fill_value=jnp.nan)
+        rows = jnp.take(self.embedding[...], ids, axis=0, mode="fill", fill_value=jnp.nan)
+        return rows.astype(self.dtype)
 
     def attend(self, x_BTD: jax.Array) -> jax.Array:
-        return jnp.einsum("BTD,VD->BTV", x_BTD, self.embedding[...])
+        """Logits in float32 whatever the compute dtype: they feed softmax and the loss."""
+        table_VD = self.embedding[...].astype(x_BTD.dtype)
+        return jnp.einsum("BTD,VD->BTV", x_BTD, table_VD, preferred_element_type=jnp.float32)
 
 
 class LayerNorm(nnx.Module):
@@ -92,9 +96,10 @@ class FeedForward(nnx.Module):
         d, f, bias = config.d_model, config.d_ff, config.use_bias
         self.activation = config.activation
         self.d_model = d
-        self.wi = nnx.Linear(d, f, use_bias=bias, kernel_init=INIT, rngs=rngs)
-        self.wg = nnx.Linear(d, f, use_bias=bias, kernel_init=INIT, rngs=rngs) if config.gated else None
-        self.wo = nnx.Linear(f, d, use_bias=bias, kernel_init=INIT, rngs=rngs)
+        dense = dict(use_bias=bias, kernel_init=INIT, dtype=jnp.dtype(config.dtype), rngs=rngs)
+        self.wi = nnx.Linear(d, f, **dense)
+        self.wg = nnx.Linear(d, f, **dense) if config.gated else None
+        self.wo = nnx.Linear(f, d, **dense)
 
     def __call__(self, x_BTD):
         check_width(x_BTD, self.d_model, "FeedForward")
@@ -119,10 +124,11 @@ class MultiHeadAttention(nnx.Module):
         self.scale = config.attention_scale
         self.rope_base = config.rope_base
         self.attention_impl = config.attention_impl
-        self.q = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
-        self.k = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
-        self.v = nnx.Linear(d, inner, use_bias=bias, kernel_init=INIT, rngs=rngs)
-        self.o = nnx.Linear(inner, d, use_bias=bias, kernel_init=INIT, rngs=rngs)
+        dense = dict(use_bias=bias, kernel_init=INIT, dtype=jnp.dtype(config.dtype), rngs=rngs)
+        self.q = nnx.Linear(d, inner, **dense)
+        self.k = nnx.Linear(d, inner, **dense)
+        self.v = nnx.Linear(d, inner, **dense)
+        self.o = nnx.Linear(inner, d, **dense)
 
     def project_kv(self, kv_BSD: jax.Array) -> tuple[jax.Array, jax.Array]:
         n = self.num_heads
