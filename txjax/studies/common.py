@@ -59,10 +59,10 @@ def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None
 
 
 def fmt_mean_std(mean: float | None, std: float | None, digits: int = 3) -> str:
-    """'1.234 ± 0.010', or 'n/a' when there is no value."""
+    """'1.234 ± 0.010'; '1.234' when std is None (one seed); 'n/a' when there is no value."""
     if mean is None:
         return "n/a"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

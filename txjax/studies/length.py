@@ -323,7 +323,8 @@ def markdown(summary: list[dict], positions, multiples, train_len: int) -> str:
         rows = []
         for p in positions:
             mine = [r for r in summary if r["position"] == p and r["method"] == method]
-            cells = {r["multiple"]: fmt_mean_std(r["mean_bits_per_char"], r["std"]) for r in mine}
+            cells = {r["multiple"]: fmt_mean_std(r["mean_bits_per_char"], r["std"] if r["n_seeds"] > 1 else None)
+                     for r in mine}
             rows.append([p, max(len(r["values"].split()) for r in mine)] + [cells[m] for m in multiples])
         parts.append(f"### {title}: held-out bits per character (mean ± std over seeds)\n\n"
                      + markdown_table(header, rows))

@@ -161,13 +161,21 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def markdown(summary: list[dict]) -> str:
-    header = ["family", "train p", "held-out loss @15% (nats)", "held-out accuracy @15%",
+    header = ["family", "train p", "seeds", "held-out loss @15% (nats)", "held-out accuracy @15%",
               "predicted tokens / step", "final train loss (at own p)"]
-    rows = [[r["family"], f"{r['train_rate']:.2f}", fmt_mean_std(r["heldout_loss_mean"], r["heldout_loss_std"]),
-             fmt_mean_std(r["heldout_accuracy_mean"], r["heldout_accuracy_std"]),
+    one = lambda r, k: None if r["n_seeds"] == 1 else r[k]  # noqa: E731 - no "± 0" for a single seed
+    rows = [[r["family"], f"{r['train_rate']:.2f}", r["n_seeds"],
+             fmt_mean_std(r["heldout_loss_mean"], one(r, "heldout_loss_std")),
+             fmt_mean_std(r["heldout_accuracy_mean"], one(r, "heldout_accuracy_std")),
              f"{r['predicted_tokens_per_step_mean']:.0f}", f"{r['train_loss_mean']:.3f}"] for r in summary]
-    return ("### Held-out loss and accuracy on one fixed 15% task (mean ± std over seeds)\n\n"
+    return ("### Held-out loss and accuracy on one fixed 15% task (mean ± std over seeds; one seed: the value)\n\n"
             + markdown_table(header, rows))
+
+
+def rebuild_tables(out_dir: str | Path) -> Path:
+    """Rewrite the tables and plot from out_dir/results.json (no training)."""
+    result = json.loads((Path(out_dir) / "results.json").read_text())
+    return write_results(result, MaskRateConfig(out_dir=str(out_dir)))
 
 
 def write_results(result: dict, study: MaskRateConfig) -> Path:
