@@ -282,3 +282,12 @@ def test_bert_segment_ids_checked():
         model(jnp.ones((1, 4), jnp.int32), jnp.full((1, 4), 2, jnp.int32))
     with pytest.raises(ValueError, match="shape of tokens"):
         model(jnp.ones((1, 4), jnp.int32), jnp.zeros((1, 3), jnp.int32))
+
+
+def test_constant_tokens_captured_inside_jit_are_still_checked():
+    model = make("gpt")
+    graphdef, state = nnx.split(model)
+    good, bad = jnp.array([[1, 2, 3]]), jnp.array([[1, 2, 99]])
+    chex.assert_tree_all_finite(jax.jit(lambda s: nnx.merge(graphdef, s)(good))(state))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        jax.jit(lambda s: nnx.merge(graphdef, s)(bad))(state)

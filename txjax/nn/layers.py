@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from txjax import ops
@@ -28,7 +29,8 @@ def check_tokens(tokens: jax.Array, vocab_size: int, name: str = "tokens") -> No
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"{name} must be integer ids, got dtype {tokens.dtype}")
     if is_concrete(tokens) and tokens.size:
-        lo, hi = int(jnp.min(tokens)), int(jnp.max(tokens))
+        ids = np.asarray(tokens)  # host-side: also works for a constant captured inside jit
+        lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} has ids in [{lo}, {hi}], outside the vocabulary [0, {vocab_size})")
 
@@ -250,10 +252,10 @@ class Positions(nnx.Module):
                 f"sequence length {positions_T.shape[-1]} exceeds max_len={self.max_len} "
                 "of the learned position table"
             )
-        if is_concrete(positions_T) and positions_T.size and int(jnp.max(positions_T)) >= self.max_len:
-            raise ValueError(
-                f"position {int(jnp.max(positions_T))} is beyond the learned table (max_len={self.max_len})"
-            )
+        if is_concrete(positions_T) and positions_T.size:
+            last = int(np.max(np.asarray(positions_T)))
+            if last >= self.max_len:
+                raise ValueError(f"position {last} is beyond the learned table (max_len={self.max_len})")
         return jnp.take(self.table[...], positions_T, axis=0, mode="fill", fill_value=jnp.nan)
 
     def attention_bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array | None:
