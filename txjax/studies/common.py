@@ -98,12 +98,16 @@ def git_revision() -> str:
     return rev + ("+dirty" if dirty else "")
 
 
-def run_metadata(configs: dict[str, Any], started: float) -> dict:
-    """What a result folder records about how it was made: command, revision, wall time, load."""
+def run_metadata(configs: dict[str, Any], started: float, revision_at_start: str | None = None) -> dict:
+    """What a result folder records about how it was made: command, revision, wall time, load.
+
+    git_revision is read now (the end of the run); pass the one read at the start too.
+    """
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "command": " ".join([Path(sys.argv[0]).name if sys.argv else "python", *sys.argv[1:]]),
         "argv": sys.argv,
+        "git_revision_at_start": revision_at_start,
         "git_revision": git_revision(),
         "wall_s": round(time.time() - started, 1),
         "load_average_at_end": load,

@@ -236,7 +236,7 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
     when the study is started again, so a study can be resumed, or split across
     processes by --positions; the tables always cover every run in runs.jsonl.
     """
-    started = time.time()
+    started, revision = time.time(), git_revision()
     out = Path(study.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok, train_ids, held_ids, corpus = corpus_ids(study)
@@ -273,7 +273,7 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
     meta = {"corpus": corpus, "vocab_size": tok.vocab_size, "train_chars": int(len(train_ids)),
             "heldout_chars": int(len(held_ids)), "scored_chars": study.scored_tokens,
             "sliding_stride": study.sliding_stride,
-            **run_metadata({"model": model_cfg, "train": train_cfg, "study": study}, started)}
+            **run_metadata({"model": model_cfg, "train": train_cfg, "study": study}, started, revision)}
     append_jsonl(out / "parts.jsonl", [meta])
     result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": read_jsonl(out / "parts.jsonl"), **meta}
     write_results(result, study)

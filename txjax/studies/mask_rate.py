@@ -23,6 +23,7 @@ from txjax.data import BatchIterator, IGNORE_INDEX, pack_tokens
 from txjax.studies.common import (
     fit,
     fmt_mean_std,
+    git_revision,
     init_params,
     markdown_table,
     mean_std,
@@ -113,7 +114,7 @@ def family_data(family: str, study: MaskRateConfig):
 
 def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
     """Train every (family, rate, seed) and score it on the fixed 15% task; write the results."""
-    started = time.time()
+    started, revision = time.time(), git_revision()
     runs = []
     for family in parse_list(study.families):
         model_cls, loss_fn, cfg, held, make_batches = family_data(family, study)
@@ -142,7 +143,7 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                     f"acc {r['heldout_accuracy']:.3f}; {r['predicted_tokens_per_step']:.0f} predicted tokens/step "
                     f"({r['wall_s']:.0f}s)")
     result = {"runs": runs, "eval_rate": EVAL_RATE,
-              **run_metadata({"train": train_cfg, "study": study}, started)}
+              **run_metadata({"train": train_cfg, "study": study}, started, revision)}
     write_results(result, study)
     log(f"wrote {study.out_dir} in {result['wall_s']:.0f}s (load average {result['load_average_at_end']})")
     return result

@@ -28,6 +28,7 @@ from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
     fit,
     fmt_mean_std,
+    git_revision,
     init_params,
     markdown_table,
     mean_std,
@@ -200,7 +201,7 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
 
 
 def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict:
-    started = time.time()
+    started, revision = time.time(), git_revision()
     cache: dict = {}
     runs = []
     for family in parse_list(study.families):
@@ -211,7 +212,7 @@ def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict
                     runs.append(r)
                     log(f"{family} {task:>7} {position:>10} seed {seed}: loss {r['train_loss']:.3f} "
                         f"({r['train_s']:.0f}s) exact in {_pct(r['in_exact'])} out {_pct(r['out_exact'])}")
-    result = {"runs": runs, **run_metadata({"train": train_cfg, "study": study}, started)}
+    result = {"runs": runs, **run_metadata({"train": train_cfg, "study": study}, started, revision)}
     write_results(result, study)
     log(f"wrote {study.out_dir} in {result['wall_s']:.0f}s (load average {result['load_average_at_end']})")
     return result
