@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -83,6 +84,18 @@ def write_csv(path: str | os.PathLike, rows: Sequence[dict]) -> Path:
         for row in rows:
             writer.writerow({k: "n/a" if v is None else v for k, v in row.items()})
     return path
+
+
+def write_outputs(out_dir: str | os.PathLike, result: dict, summary: Sequence[dict],
+                  runs: Sequence[dict], table_md: str) -> Path:
+    """results.json, table.csv, runs.csv and table.md in out_dir (the plot is the caller's)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write_csv(out / "table.csv", summary)
+    write_csv(out / "runs.csv", runs)
+    (out / "table.md").write_text(table_md)
+    return out
 
 
 def git_revision() -> str:

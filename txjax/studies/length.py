@@ -40,7 +40,7 @@ from txjax.studies.common import (
     parse_list,
     pyplot,
     run_metadata,
-    write_csv,
+    write_outputs,
 )
 from txjax.train.config import TrainConfig
 from txjax.train.steps import Stepper, gpt_loss
@@ -332,18 +332,14 @@ def markdown(summary: list[dict], positions, multiples, train_len: int) -> str:
 
 
 def write_results(result: dict, study: LengthStudyConfig) -> Path:
-    out = Path(study.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     present = {r["position"] for r in result["runs"]}
     positions = [p for p in POSITIONS if p in present]
     multiples = sorted({r["multiple"] for r in result["runs"] if r["multiple"] is not None})
     summary = summarize(result["runs"], positions, multiples)
-    write_csv(out / "table.csv", summary)
-    write_csv(out / "runs.csv", [{k: r.get(k) for k in ("position", "seed", "method", "multiple", "length",
-                                                         "bits_per_char", "train_s", "eval_s")}
-                                 for r in result["runs"]])
-    (out / "table.md").write_text(markdown(summary, positions, multiples, study.train_len))
+    runs = [{k: r.get(k) for k in ("position", "seed", "method", "multiple", "length",
+                                   "bits_per_char", "train_s", "eval_s")} for r in result["runs"]]
+    out = write_outputs(study.out_dir, result, summary, runs,
+                        markdown(summary, positions, multiples, study.train_len))
     plot(summary, positions, study.train_len, out / "length_extrapolation.png")
     return out
 

@@ -30,7 +30,7 @@ from txjax.studies.common import (
     parse_list,
     pyplot,
     run_metadata,
-    write_csv,
+    write_outputs,
 )
 from txjax.train.config import TrainConfig
 from txjax.train.steps import Stepper, bert_loss, t5_loss
@@ -180,13 +180,8 @@ def rebuild_tables(out_dir: str | Path) -> Path:
 
 
 def write_results(result: dict, study: MaskRateConfig) -> Path:
-    out = Path(study.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     summary = summarize(result["runs"])
-    write_csv(out / "table.csv", summary)
-    write_csv(out / "runs.csv", result["runs"])
-    (out / "table.md").write_text(markdown(summary))
+    out = write_outputs(study.out_dir, result, summary, result["runs"], markdown(summary))
     plot(summary, out / "mask_rate.png")
     return out
 

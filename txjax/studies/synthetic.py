@@ -15,7 +15,6 @@ longest training sequence; longer test sequences are reported as n/a, never clam
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from txjax.studies.common import (
     parse_list,
     pyplot,
     run_metadata,
-    write_csv,
+    write_outputs,
 )
 from txjax.train.config import TrainConfig
 from txjax.train.steps import Stepper, gpt_loss, t5_loss
@@ -264,13 +263,8 @@ def markdown(summary: list[dict]) -> str:
 
 
 def write_results(result: dict, study: SyntheticConfig) -> Path:
-    out = Path(study.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     summary = summarize(result["runs"])
-    write_csv(out / "table.csv", summary)
-    write_csv(out / "runs.csv", result["runs"])
-    (out / "table.md").write_text(markdown(summary))
+    out = write_outputs(study.out_dir, result, summary, result["runs"], markdown(summary))
     plot(summary, out / "synthetic.png")
     return out
 
