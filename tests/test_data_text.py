@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from local_http import Server
 from txjax.data.text import (
     FAMILIES,
     BPETokenizer,
@@ -40,41 +39,6 @@ def corpus() -> str:
 @pytest.fixture(scope="module")
 def bpe_t5(corpus) -> BPETokenizer:
     return BPETokenizer.train(corpus, vocab_size=600, family="t5", num_sentinels=10)
-
-
-class Server:
-    """HTTP on 127.0.0.1 serving fixed bytes per path."""
-
-    def __init__(self, routes: dict[str, bytes]):
-        self.hits: list[str] = []
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                outer.hits.append(self.path)
-                body = routes.get(self.path)
-                if body is None:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 # --------------------------------------------------------------------------- corpora
