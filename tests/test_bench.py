@@ -33,6 +33,7 @@ def test_gpt_bench_prints_table_then_json(capsys):
                                         / line["peak_flops"])
     assert line["peak_flops"] == max(result["peak_by_shape"].values())
     assert line["peak_flops_best"] >= line["peak_flops"] and 0 < line["mfu_best"]
+    assert line["mfu_cold"] == pytest.approx(line["achieved_flops"] / line["peak_flops_cold"])
     assert line["backend"] == "cpu" and line["final_loss"] > 0
 
 
