@@ -47,6 +47,7 @@ class TransformerConfig:
     dtype: str = "float32"  # compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32
     remat: bool = False  # recompute each block's activations in the backward pass (gradient checkpointing)
     attention_impl: str = "reference"  # "reference" (txjax.ops), "xla" or "cudnn" (jax.nn.dot_product_attention; cudnn: NVIDIA GPU only)
+    causal_block_size: int | None = 64  # causal self-attention in query blocks of ~this size that skip the masked keys above the diagonal; None: one block (cudnn: never blocked, its kernel skips them itself)
 
     family: ClassVar[str] = "transformer"
 
@@ -67,6 +68,9 @@ class TransformerConfig:
                 raise ValueError(
                     f"{type(self).__name__}.{name}={getattr(self, name)!r} is not one of {allowed}"
                 )
+        if self.causal_block_size is not None and (
+                not isinstance(self.causal_block_size, int) or self.causal_block_size < 1):
+            raise ValueError(f"causal_block_size must be a positive int or None, got {self.causal_block_size!r}")
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "

@@ -57,8 +57,11 @@ class TransformerBlock(nnx.Module):
     post-norm: x = norm(x + f(x))     (write normalised; the original Transformer, BERT)
     """
 
-    def __init__(self, config: TransformerConfig, *, cross: bool, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, cross: bool, rngs: nnx.Rngs, causal: bool = False):
         self.pre = config.norm_position == "pre"
+        # Only a causal stack's self-attention may skip the keys above the diagonal.
+        self.causal_block_size = (config.causal_block_size
+                                  if causal and config.attention_impl != "cudnn" else None)
         self.self_attn = MultiHeadAttention(config, rngs=rngs)
         self.self_norm = make_norm(config)
         self.cross_attn = MultiHeadAttention(config, rngs=rngs) if cross else None
@@ -87,7 +90,8 @@ class TransformerBlock(nnx.Module):
         cross_bias: jax.Array | None = None,
     ) -> jax.Array:
         x_BTD = self._residual(
-            x_BTD, self.self_norm, lambda h: self.self_attn(h, None, self_bias, rope_positions)
+            x_BTD, self.self_norm,
+            lambda h: self.self_attn(h, None, self_bias, rope_positions, self.causal_block_size),
         )
         if self.cross_attn is not None:
             if enc_BSD is None:
@@ -156,7 +160,7 @@ class TransformerStack(nnx.Module):
         self.remat = config.remat
         self.positions = Positions(config, bidirectional=not causal, rngs=rngs)
         self.blocks = nnx.List(
-            [TransformerBlock(config, cross=cross, rngs=rngs) for _ in range(num_layers)]
+            [TransformerBlock(config, cross=cross, causal=causal, rngs=rngs) for _ in range(num_layers)]
         )
         self.final_norm = make_norm(config) if config.norm_position == "pre" else None
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)

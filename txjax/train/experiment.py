@@ -44,7 +44,9 @@ def config_sections(model_cfg, train_cfg: TrainConfig, run_cfg) -> dict[str, dic
 
 
 # Fields that may differ between a checkpoint and the run resuming it.
-RESUME_IGNORES = {"train": TrainConfig.RESUMABLE_CHANGES,
+# The model fields are how attention is executed, not what it computes.
+RESUME_IGNORES = {"model": ("attention_impl", "causal_block_size", "remat"),
+                  "train": TrainConfig.RESUMABLE_CHANGES,
                   "run": ("overwrite", "runs_dir", "temperature", "num_samples", "top_k", "show")}
 
 
