@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txjax import GPTConfig, ops
-from txjax.nn.layers import MultiHeadAttention, gelu
+from txjax.nn.layers import gelu
 
 
 def test_gelu_hand_values():
@@ -26,44 +26,6 @@ def test_gelu_matches_jax_exact_gelu_values_and_gradients(shift, spread):
     grad = jax.vmap(jax.grad(gelu))(x)
     ref = jax.vmap(jax.grad(lambda v: jax.nn.gelu(v, approximate=False)))(x)
     np.testing.assert_allclose(grad, ref, atol=2e-6)
-
-
-@pytest.mark.parametrize("use_bias", [False, True])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("jit", [False, True])
-def test_fused_qkv_equals_three_projections(use_bias, dtype, jit):
-    config = GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32,
-                       use_bias=use_bias, dtype=dtype)
-    attn = MultiHeadAttention(config, rngs=nnx.Rngs(0))
-    if use_bias:  # nonzero biases, so a misplaced one shows
-        for i, layer in enumerate((attn.q, attn.k, attn.v)):
-            layer.bias[...] = jnp.full_like(layer.bias[...], 0.1 * (i + 1))
-    x_BTD = jax.random.normal(jax.random.key(1), (2, 5, 16))
-    fused = nnx.jit(lambda m, x: m.project_qkv(x)) if jit else (lambda m, x: m.project_qkv(x))
-    q_BTNH, k_BTNH, v_BTNH = fused(attn, x_BTD)
-    tol = dict(atol=1e-6) if dtype == "float32" else dict(atol=2e-2)
-    for got, layer in zip((q_BTNH, k_BTNH, v_BTNH), (attn.q, attn.k, attn.v)):
-        assert got.dtype == jnp.dtype(dtype) and got.shape == (2, 5, 2, 8)
-        np.testing.assert_allclose(got.astype(jnp.float32), ops.split_heads(layer(x_BTD), 2).astype(jnp.float32),
-                                   **tol)
-
-
-def test_fused_qkv_gradients_reach_each_kernel():
-    config = GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32)
-    attn = MultiHeadAttention(config, rngs=nnx.Rngs(0))
-    x_BTD = jax.random.normal(jax.random.key(1), (2, 5, 16))
-
-    def loss(m, fused):
-        if fused:
-            q, k, v = m.project_qkv(x_BTD)
-        else:
-            q = ops.split_heads(m.q(x_BTD), 2)
-            k, v = m.project_kv(x_BTD)
-        return jnp.sum(jnp.sin(q) * 1.0 + jnp.cos(k) * 2.0 + v ** 2 * 3.0)
-
-    got = nnx.grad(loss)(attn, True)
-    want = nnx.grad(loss)(attn, False)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), got, want)
 
 
 @pytest.mark.parametrize("family", ["gpt", "t5"])
