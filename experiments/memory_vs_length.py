@@ -7,15 +7,17 @@ prediction. The T² term — the [B, N, T, T] score matrices every layer keeps f
 backward pass — takes over from the T-linear activations once T ≳ (7D + 2F) / (2N).
 Nothing is run, only compiled. Writes a table (markdown and CSV) and a plot.
 
-Answer (GPT D 128, N 4, L 4, F 512, batch 8, float32, XLA CPU, jax 0.10.2): the
-plan grows 43 -> 85 -> 192 -> 520 -> 1542 MiB for T = 64 -> 1024 (reference) and
-to 2085 MiB with jax.nn.dot_product_attention; from T = 512 on, each doubling of T
-costs ~3x, i.e. the T² scores dominate. txjax.cost predicts 32 -> 1535 MiB (XLA /
-predicted 1.33 at T 64, 1.00 at T 1024 for the reference). The fitted T² term is
-8.0 [B, N, T, T] float32 tensors (reference) and 12.5 (xla) against the model's 10.
-On CPU the "xla" implementation materialises the same score matrix (no flash
-kernel), so it does not change the asymptotics; a fused kernel (cuDNN / Pallas
-flash attention) would remove the T² activations, not the T² FLOPs.
+Answer (GPT D 128, N 4, L 4, F 512, batch 8, float32, XLA CPU, jax 0.10.2, measured
+2026-11-29 at cecd987): the plan grows 39 -> 77 -> 176 -> 488 -> 1519 MiB for T = 64 ->
+1024 with the whole score matrix (reference) and to 2037 MiB with
+jax.nn.dot_product_attention; from T = 512 on, each doubling of T costs ~3x, i.e. the T²
+scores dominate. txjax.cost predicts 32 -> 1535 MiB (XLA / predicted 1.20 at T 64, 0.99
+at T 1024 for the reference). The fitted T² term is 8.7 [B, N, T, T] float32 tensors
+(reference) and 12.8 (xla) against the model's 10. The default causal query blocks of 64
+("blocked") keep only the blocks on and below the diagonal: 1239 MiB at T 1024, a T²
+term of 6.0. On CPU the "xla" implementation materialises the same score matrix (no flash
+kernel), so it does not change the asymptotics; a fused kernel (cuDNN / Pallas flash
+attention) would remove the T² activations, not the T² FLOPs.
 
     python experiments/memory_vs_length.py [--out runs/memory_vs_length] [--seqs 64 128 256 512 1024]
 """
@@ -35,11 +37,20 @@ from txjax.config import GPTConfig  # noqa: E402
 MiB = 2**20
 
 
+# How attention is run: the two implementations over whole score matrices, and the
+# default, query blocks of 64 that skip the causal mask's upper triangle.
+ATTENTION = {
+    "reference": dict(attention_impl="reference", causal_block_size=None),
+    "xla": dict(attention_impl="xla", causal_block_size=None),
+    "blocked": dict(attention_impl="reference", causal_block_size=64),
+}
+
+
 def measure(config: GPTConfig, batch: int, seqs: list[int], impls: list[str]) -> list[dict]:
     rows = []
     for impl in impls:
         for t in seqs:
-            c = config.replace(max_len=t, attention_impl=impl)
+            c = config.replace(max_len=t, **ATTENTION[impl])
             plan = bench.train_step_memory(c, batch, t)
             pred = cost.train_step_bytes(c, batch, t)
             act = cost.activation_bytes(c, batch, t)
@@ -98,7 +109,7 @@ def write(rows: list[dict], copies: dict[str, float], config: GPTConfig, batch: 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for impl, marker in (("reference", "o"), ("xla", "s")):
+    for impl, marker in (("reference", "o"), ("xla", "s"), ("blocked", "^")):
         sub = [r for r in rows if r["attention"] == impl]
         if sub:
             ax.plot([r["T"] for r in sub], [r["xla_peak_MiB"] for r in sub], marker=marker,
@@ -118,7 +129,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="runs/memory_vs_length")
     p.add_argument("--seqs", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--attention", nargs="+", default=["reference", "xla"])
+    p.add_argument("--attention", nargs="+", choices=sorted(ATTENTION), default=list(ATTENTION))
     args = p.parse_args(argv)
     config = GPTConfig(vocab_size=17, max_len=max(args.seqs), d_model=128, num_heads=4, num_layers=4, d_ff=512)
     rows = measure(config, args.batch, args.seqs, args.attention)

@@ -71,8 +71,9 @@ def test_xla_excess_is_the_elementwise_work_the_formula_leaves_out():
     The excess scales with the score count B·N·T², not with the matmul FLOPs: it is
     the O(n²·h) softmax term the notes drop. At D 16 with T = D/4 it vanishes again.
     """
+    # Whole score matrices, as the formula assumes (no causal query blocks).
     small = GPTConfig(vocab_size=16, max_len=256, d_model=16, num_heads=4, num_layers=1, d_ff=64,
-                      activation="relu")
+                      activation="relu", causal_block_size=None)
     model = GPT(small, rngs=nnx.Rngs(0))
     excess = {}
     for t in (64, 128):
@@ -83,3 +84,19 @@ def test_xla_excess_is_the_elementwise_work_the_formula_leaves_out():
     assert 3.2 < excess[128] / excess[64] < 4.2
     per_score = excess[128] / (small.num_heads * 128**2)
     assert 4 < per_score < 20  # a handful of FLOPs per attention score
+
+
+@pytest.mark.slow
+def test_causal_blocks_skip_the_upper_right_score_block():
+    """T 128 in two query blocks of 64: the first block never scores keys 64..127.
+
+    Skipped, per head: a 64 x 64 block of scores, i.e. 2·64·64·H FLOPs of q·kᵀ and as
+    many of weights·v (H = 4 here), plus the softmax's few FLOPs per skipped score.
+    """
+    config = GPTConfig(vocab_size=16, max_len=128, d_model=16, num_heads=4, num_layers=1, d_ff=64,
+                       activation="relu", causal_block_size=None)
+    whole = xla_forward_flops(GPT(config, rngs=nnx.Rngs(0)), tokens(1, 128))
+    blocked = xla_forward_flops(GPT(config.replace(causal_block_size=64), rngs=nnx.Rngs(0)), tokens(1, 128))
+    skipped_scores = config.num_heads * 64 * 64
+    skipped_matmul = 2 * (2 * skipped_scores * config.head_size)
+    assert skipped_matmul < whole - blocked < skipped_matmul + 20 * skipped_scores, (whole - blocked)

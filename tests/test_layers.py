@@ -28,10 +28,10 @@ def test_gelu_matches_jax_exact_gelu_values_and_gradients(shift, spread):
     np.testing.assert_allclose(grad, ref, atol=2e-6)
 
 
-@pytest.mark.parametrize("family", ["gpt", "t5"])
-@pytest.mark.parametrize("position", ["learned", "t5", "alibi"])
+@pytest.mark.parametrize("family,position", [("gpt", "alibi"), ("t5", "t5")])
 def test_causal_blocks_in_the_model_change_nothing(family, position):
-    """Query blocks of 2 and 3 (T = 7) against one block: logits and every gradient."""
+    """Query blocks of 2 (T = 7: 4 blocks) against one block: logits and every gradient,
+    with a relative bias and left padding."""
     from txjax import T5, GPT, T5Config
 
     cls, cfg_cls = {"gpt": (GPT, GPTConfig), "t5": (T5, T5Config)}[family]
@@ -51,10 +51,9 @@ def test_causal_blocks_in_the_model_change_nothing(family, position):
 
     assert dots(2) == dots(None) + 2 * 3 * base["num_layers"]  # 4 blocks: 3 more QK and 3 more PV per layer
     ref_loss, ref_grads = loss_and_grads(None)
-    for block in (2, 3):
-        loss, grads = loss_and_grads(block)
-        np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads, ref_grads)
+    loss, grads = loss_and_grads(2)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads, ref_grads)
 
 
 def test_causal_block_size_is_validated():
