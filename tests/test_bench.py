@@ -78,3 +78,9 @@ def test_make_batch_layout():
     b = bench.make_batch(t5, 2, 8)
     assert set(b) == {"enc_inputs", "dec_inputs", "targets"}
     assert b["targets"].shape == (2, 8) and int(b["targets"].max()) < 11
+
+
+def test_dtype_flag_sets_the_compute_dtype_and_cudnn_is_a_choice():
+    """--dtype bfloat16 is the model's mixed precision (config.dtype), not cast parameters."""
+    config = bench.config_from_args(bench.parse_args(["--dtype", "bfloat16", "--attention", "cudnn", *TINY]))
+    assert (config.dtype, config.attention_impl) == ("bfloat16", "cudnn")

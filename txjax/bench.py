@@ -44,7 +44,7 @@ class BenchConfig:
     steps: int = 20  # timed steps; the median is reported
     warmup: int = 3  # untimed steps after compilation
     burst: int = 3  # calls of each peak matmul after every step; the first (cold) one is not counted
-    dtype: str = "float32"  # parameter / activation dtype: float32 or bfloat16
+    dtype: str = "float32"  # of the peak matmuls; the model's is config.dtype (set from --dtype)
     seed: int = 0
 
 
@@ -124,9 +124,6 @@ def bench_train(config: TransformerConfig, bench: BenchConfig) -> dict:
 
     dtype = jnp.dtype(bench.dtype)
     model = build_model(config, bench.seed)
-    if dtype != jnp.float32:
-        params = nnx.state(model, nnx.Param)
-        nnx.update(model, jax.tree.map(lambda x: x.astype(dtype), params))
     train_cfg = TrainConfig(batch_size=bench.batch, steps=max(bench.steps + bench.warmup, 1),
                             warmup_steps=1, progress=False)
     stepper = Stepper(model, LOSSES[config.family], train_cfg)
@@ -261,9 +258,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--burst", type=int, default=3,
                    help="peak matmul calls per shape after each step (the first, cold, is not counted)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--attention", choices=("reference", "xla"), default="reference",
-                   help="attention implementation (config.attention_impl)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="compute dtype (config.dtype): bfloat16 is mixed precision, float32 "
+                        "parameters and optimizer state as in training")
+    p.add_argument("--attention", choices=("reference", "xla", "cudnn"), default="reference",
+                   help="attention implementation (config.attention_impl; cudnn: NVIDIA GPU, bfloat16)")
     p.add_argument("--decode", type=int, default=0, metavar="NEW_TOKENS",
                    help="also time cached decoding (txjax.decoding.generate) of this many new tokens")
     return p.parse_args(argv)
@@ -271,7 +270,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def config_from_args(args: argparse.Namespace) -> TransformerConfig:
     fields = dict(vocab_size=args.vocab, max_len=args.seq, d_model=args.d_model, num_heads=args.heads,
-                  num_layers=args.layers, d_ff=args.d_ff)
+                  num_layers=args.layers, d_ff=args.d_ff, dtype=args.dtype)
     cls = CONFIGS[args.arch]
     if "attention_impl" in {f.name for f in dataclasses.fields(cls)}:
         fields["attention_impl"] = args.attention
@@ -299,8 +298,9 @@ if __name__ == "__main__":
     main()
 
 
-def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: str = "float32") -> dict:
-    """XLA's compiled memory plan of the real train step (nothing is run).
+def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: str | None = None) -> dict:
+    """XLA's compiled memory plan of the real train step (nothing is run); `dtype`
+    overrides the config's compute dtype.
 
     Returns bytes: arguments (parameters, optimizer state, batch), outputs, aliased
     (donated state reused for the output), temporaries (activations kept for the
@@ -309,10 +309,7 @@ def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: st
     from txjax.train.config import TrainConfig
     from txjax.train.steps import LOSSES, Stepper
 
-    model = build_model(config, 0)
-    if jnp.dtype(dtype) != jnp.float32:
-        params = nnx.state(model, nnx.Param)
-        nnx.update(model, jax.tree.map(lambda x: x.astype(dtype), params))
+    model = build_model(config if dtype is None else config.replace(dtype=dtype), 0)
     stepper = Stepper(model, LOSSES[config.family], TrainConfig(batch_size=batch, progress=False))
     state = jax.eval_shape(stepper.init_state)
     data = jax.eval_shape(lambda: make_batch(config, batch, seq))
