@@ -160,6 +160,40 @@ def test_resume_continues_the_same_trajectory(tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 9))  # no duplicated steps after resume
 
 
+class InterruptAt:
+    """Batches that raise KeyboardInterrupt (Ctrl-C) on the `at`-th request."""
+
+    def __init__(self, inner, at):
+        self.inner, self.at, self.calls = inner, at, 0
+
+    def __next__(self):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return next(self.inner)
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    def set_state(self, state):
+        self.inner.set_state(state)
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_the_last_finished_step_and_a_rerun_resumes_there(tmp_path):
+    cfg = TrainConfig(batch_size=8, steps=8, warmup_steps=0, checkpoint_every=100, progress=False)
+    batches = InterruptAt(BatchIterator(random_rows(48), cfg.batch_size, seed=cfg.seed, transform=shift), 6)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "ctrl_c", cfg, batches=batches)
+    ck = Checkpointer(tmp_path / "ctrl_c" / "checkpoints", read_only=True)
+    assert ck.all_steps() == [5]  # steps 1-5 finished; the 6th batch was never drawn
+    assert ck.read_meta()["data"]["step"] == 5
+    ck.close()
+    _, state, summary = _run(tmp_path, "ctrl_c", cfg, stop_at=6)
+    assert summary["resumed_from"] == 5 and int(state.step) == 6
+
+
 @pytest.mark.slow
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     cfg = TrainConfig(batch_size=4, steps=12, warmup_steps=0, checkpoint_every=3, progress=False)

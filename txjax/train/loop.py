@@ -117,7 +117,8 @@ def fit(
     eval_fn(params) -> {name: value}: held-out metrics, every `eval_every` steps and at the end.
     Appends rows to run_dir/metrics.jsonl; returns (state, summary). Raises NonFiniteLoss
     (after writing what it knows) when the loss or gradient norm is NaN or Inf; the last
-    checkpoint on disk is then the last good one.
+    checkpoint on disk is then the last good one. On Ctrl-C (KeyboardInterrupt) it first
+    checkpoints the last finished step, so a rerun resumes there, then re-raises.
     """
     cfg: TrainConfig = stepper.cfg
     run_dir = Path(run_dir)
@@ -180,13 +181,30 @@ def fit(
         bar.write(line) if cfg.progress else log(line)
         return result
 
+    def save_on_interrupt() -> None:
+        """Ctrl-C: checkpoint the last finished step, with the data position it had then."""
+        done_step, data = finished["step"], finished["data"]
+        if done_step <= start_step or checkpointer.latest_step() == done_step:
+            return
+        try:
+            if pending is not None:
+                handle(*pending)
+            if not all_finite(state.params):
+                raise NonFiniteLoss("parameters are not finite")
+            checkpointer.save(done_step, state, {**meta, "step": done_step, "data": data})
+            log(f"interrupted: saved step {done_step} in {checkpointer.directory}")
+        except Exception as e:  # e.g. buffers donated to a step that never ran
+            log(f"interrupted at step {done_step}: no checkpoint written ({type(e).__name__}: {e})")
+
     pending = None
     eval_result: dict = {}
     step_no = start_step
+    finished = {"step": start_step, "data": None}  # the last step whose train_step returned
     try:
         for step_no in range(start_step + 1, end + 1):
             batch = next(batches)
             state, metrics = stepper.train_step(state, batch, key)
+            finished.update(step=step_no, data=batches.state.to_dict())
             if pending is not None:
                 handle(*pending)
             pending = (step_no, metrics)
@@ -201,6 +219,9 @@ def fit(
             pending = None
         if eval_fn is not None and end == cfg.steps and end > start_step:
             eval_result = evaluate(end)
+    except KeyboardInterrupt:
+        save_on_interrupt()
+        raise
     finally:
         bar.close()
         rows_file.close()
