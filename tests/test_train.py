@@ -142,24 +142,6 @@ def _run(tmp_path, name, cfg, stop_at=None, loss_fn=gpt_loss, batches=None, mode
                      log=lambda *_: None)
 
 
-@pytest.mark.slow
-def test_resume_continues_the_same_trajectory(tmp_path):
-    """2N steps straight == N steps, stop (as if killed), resume, N more: same parameters."""
-    cfg = TrainConfig(batch_size=8, grad_accum=2, steps=8, warmup_steps=2, checkpoint_every=4,
-                      learning_rate=1e-2, progress=False, log_every=1)
-    _, straight, _ = _run(tmp_path, "straight", cfg)
-    _, half, summary = _run(tmp_path, "resumed", cfg, stop_at=4)
-    assert summary["steps"] == 4
-    _, resumed, summary = _run(tmp_path, "resumed", cfg)
-    assert summary["resumed_from"] == 4 and int(resumed.step) == 8
-    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    for a, b in zip(jax.tree.leaves(straight.opt_state), jax.tree.leaves(resumed.opt_state)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    rows = [r for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if r["split"] == "train"]
-    assert [r["step"] for r in rows] == list(range(1, 9))  # no duplicated steps after resume
-
-
 class InterruptAt:
     """Batches that raise KeyboardInterrupt (Ctrl-C) on the `at`-th request."""
 
@@ -181,17 +163,27 @@ class InterruptAt:
 
 
 @pytest.mark.slow
-def test_ctrl_c_checkpoints_the_last_finished_step_and_a_rerun_resumes_there(tmp_path):
-    cfg = TrainConfig(batch_size=8, steps=8, warmup_steps=0, checkpoint_every=100, progress=False)
+def test_ctrl_c_checkpoints_and_the_resumed_run_continues_the_same_trajectory(tmp_path):
+    """8 steps straight == Ctrl-C on the 6th batch (checkpoint at step 5, between the
+    regular ones at 4 and 8), rerun, 3 more: same parameters and optimizer state."""
+    cfg = TrainConfig(batch_size=8, grad_accum=2, steps=8, warmup_steps=2, checkpoint_every=4,
+                      learning_rate=1e-2, progress=False, log_every=1)
+    _, straight, _ = _run(tmp_path, "straight", cfg)
     batches = InterruptAt(BatchIterator(random_rows(48), cfg.batch_size, seed=cfg.seed, transform=shift), 6)
     with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path, "ctrl_c", cfg, batches=batches)
-    ck = Checkpointer(tmp_path / "ctrl_c" / "checkpoints", read_only=True)
-    assert ck.all_steps() == [5]  # steps 1-5 finished; the 6th batch was never drawn
+        _run(tmp_path, "resumed", cfg, batches=batches)
+    ck = Checkpointer(tmp_path / "resumed" / "checkpoints", read_only=True)
+    assert ck.all_steps() == [4, 5]  # steps 1-5 finished; the 6th batch was never drawn
     assert ck.read_meta()["data"]["step"] == 5
     ck.close()
-    _, state, summary = _run(tmp_path, "ctrl_c", cfg, stop_at=6)
-    assert summary["resumed_from"] == 5 and int(state.step) == 6
+    _, resumed, summary = _run(tmp_path, "resumed", cfg)
+    assert summary["resumed_from"] == 5 and int(resumed.step) == 8
+    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(straight.opt_state), jax.tree.leaves(resumed.opt_state)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    rows = [r for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if r["split"] == "train"]
+    assert [r["step"] for r in rows] == list(range(1, 9))  # no duplicated steps after resume
 
 
 @pytest.mark.slow
