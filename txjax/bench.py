@@ -44,7 +44,6 @@ class BenchConfig:
     steps: int = 20  # timed steps; the median is reported
     warmup: int = 3  # untimed steps after compilation
     burst: int = 3  # calls of each peak matmul after every step; the first (cold) one is not counted
-    dtype: str = "float32"  # of the peak matmuls; the model's is config.dtype (set from --dtype)
     seed: int = 0
 
 
@@ -122,7 +121,7 @@ def bench_train(config: TransformerConfig, bench: BenchConfig) -> dict:
     from txjax.train.config import TrainConfig
     from txjax.train.steps import LOSSES, Stepper
 
-    dtype = jnp.dtype(bench.dtype)
+    dtype = jnp.dtype(config.dtype)  # of the model's matmuls, so of the peak ones too
     model = build_model(config, bench.seed)
     train_cfg = TrainConfig(batch_size=bench.batch, steps=max(bench.steps + bench.warmup, 1),
                             warmup_steps=1, progress=False)
@@ -164,7 +163,7 @@ def bench_train(config: TransformerConfig, bench: BenchConfig) -> dict:
         "arch": config.family,
         "backend": jax.default_backend(),
         "devices": str(jax.devices()[0].device_kind),
-        "dtype": bench.dtype,
+        "dtype": config.dtype,
         "batch": bench.batch,
         "seq": bench.seq,
         "params": cost.param_count(config),
@@ -283,7 +282,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     config = config_from_args(args)
     bench = BenchConfig(batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
-                        burst=args.burst, dtype=args.dtype)
+                        burst=args.burst)
     result = bench_train(config, bench)
     print(format_table(config, result))
     if args.decode:
