@@ -262,6 +262,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "parameters and optimizer state as in training")
     p.add_argument("--attention", choices=("reference", "xla", "cudnn"), default="reference",
                    help="attention implementation (config.attention_impl; cudnn: NVIDIA GPU, bfloat16)")
+    p.add_argument("--causal-block-size", default="config",
+                   help="config.causal_block_size: query block length of causal attention, 'none' "
+                        "for unblocked, 'config' (default) for the config's own")
     p.add_argument("--decode", type=int, default=0, metavar="NEW_TOKENS",
                    help="also time cached decoding (txjax.decoding.generate) of this many new tokens")
     return p.parse_args(argv)
@@ -275,6 +278,9 @@ def config_from_args(args: argparse.Namespace) -> TransformerConfig:
         fields["attention_impl"] = args.attention
     elif args.attention != "reference":
         raise SystemExit("this txjax has no attention_impl switch")
+    if args.causal_block_size != "config":
+        fields["causal_block_size"] = (None if args.causal_block_size.lower() == "none"
+                                       else int(args.causal_block_size))
     return cls(**fields)
 
 
