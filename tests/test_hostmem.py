@@ -1,0 +1,65 @@
+"""txjax.hostmem: a train step's scratch buffer comes back from the heap, not as fresh pages."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from txjax import hostmem
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+
+# A small GPT train step (its XLA temp buffer is ~34 MB, above glibc's 32 MB mmap
+# ceiling): page faults of each warm step, and the temp buffer's size in pages.
+PROBE = """
+import json, resource
+import txjax, jax
+from txjax import bench
+from txjax.train.config import TrainConfig
+from txjax.train.steps import LOSSES, Stepper
+config = bench.config_from_args(bench.parse_args(
+    ["--seq", "128", "--d-model", "64", "--heads", "2", "--layers", "2", "--d-ff", "256"]))
+stepper = Stepper(bench.build_model(config), LOSSES["gpt"],
+                  TrainConfig(batch_size=16, steps=100, warmup_steps=1, progress=False))
+state, batch, key = stepper.init_state(), bench.make_batch(config, 16, 128), jax.random.key(0)
+temp = stepper.train_step.lower(state, batch, key).compile().memory_analysis().temp_size_in_bytes
+faults = []
+for _ in range(9):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    state, metrics = stepper.train_step(state, batch, key)
+    jax.block_until_ready(metrics)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"temp_pages": temp // 4096, "faults": faults[3:]}))
+"""
+
+
+def step_faults(malloc_env: str | None) -> tuple[int, list[int]]:
+    env = {k: v for k, v in os.environ.items() if k != hostmem.ENV}
+    if malloc_env is not None:
+        env[hostmem.ENV] = malloc_env
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                         check=True, timeout=300)
+    result = json.loads(out.stdout.splitlines()[-1])
+    return result["temp_pages"], sorted(result["faults"])
+
+
+def test_warm_train_steps_reuse_their_scratch_pages():
+    pages, faults = step_faults(None)
+    assert pages > 32 * 2**20 // 4096  # big enough that glibc would have mmapped it
+    assert faults[len(faults) // 2] < 0.05 * pages  # the median step faults in almost nothing
+
+
+def test_opt_out_leaves_glibc_faulting_the_scratch_buffer_in_every_step():
+    # The contrast that shows the probe measures the buffer: ~every page, every step.
+    pages, faults = step_faults("default")
+    assert faults[0] > 0.9 * pages
+
+
+def test_opt_out_is_honoured(monkeypatch):
+    monkeypatch.setenv(hostmem.ENV, "default")
+    assert hostmem.reuse_host_memory() is False
