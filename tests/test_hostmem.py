@@ -62,4 +62,12 @@ def test_opt_out_leaves_glibc_faulting_the_scratch_buffer_in_every_step():
 
 def test_opt_out_is_honoured(monkeypatch):
     monkeypatch.setenv(hostmem.ENV, "default")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert hostmem.reuse_host_memory() is False
+
+
+@pytest.mark.parametrize("platforms", ["cuda", "tpu,cpu", "rocm"])
+def test_left_alone_when_jax_runs_on_an_accelerator(monkeypatch, platforms):
+    monkeypatch.delenv(hostmem.ENV, raising=False)
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
     assert hostmem.reuse_host_memory() is False

@@ -12,13 +12,16 @@ same pages back: the step took 0.80 of the time (589 vs 736 ms, median of 5 runs
 `import txjax` calls `reuse_host_memory()` before JAX has started its threads; a
 thread that already holds an arena keeps it, so calling it after JAX ran a
 computation does little. The cost: memory once used is not returned to the OS until
-the process exits. `TXJAX_MALLOC=default` in the environment leaves malloc alone.
+the process exits. `TXJAX_MALLOC=default` in the environment leaves malloc alone, and so
+does a GPU or TPU plugin being installed (unless `JAX_PLATFORMS` starts with cpu): the
+trade is for XLA:CPU only.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import os
 import platform
 
@@ -37,9 +40,17 @@ def _glibc():
         return None
 
 
+def _runs_on_accelerator() -> bool:
+    """JAX will pick a GPU or TPU: JAX_PLATFORMS says so, or (unset) such a plugin is installed."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return platforms.split(",")[0].strip().lower() != "cpu"
+    return any(importlib.util.find_spec(name) is not None for name in ("jax_plugins", "libtpu"))
+
+
 def reuse_host_memory() -> bool:
     """Serve every allocation from one never-trimmed heap; True if glibc accepted all three settings."""
-    if os.environ.get(ENV, "").strip().lower() == "default":
+    if os.environ.get(ENV, "").strip().lower() == "default" or _runs_on_accelerator():
         return False
     libc = _glibc()
     if libc is None:
