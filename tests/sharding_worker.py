@@ -7,8 +7,9 @@ before JAX starts its backend, and pytest's process already has. Usage:
     JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=i \\
         python tests/sharding_worker.py multihost OUT.json
 
-CHECK is one of `steps` (GPT: none / dp / fsdp), `t5` (none / fsdp) or `resume`
-(train_run with fsdp, stopped and resumed, against an unsharded run). Writes JSON of
+CHECK is one of `steps` (GPT: none / dp / fsdp), `t5` (none / fsdp), `resume`
+(train_run with fsdp, stopped and resumed, against an unsharded run) or `queue` (the
+finiteness check on a sharded model with many leaves). Writes JSON of
 measurements to OUT; the test makes the assertions.
 """
 
@@ -151,6 +152,22 @@ def check_resume() -> dict:
         }
 
 
+def check_queue() -> dict:
+    """`all_finite` (run before every checkpoint) on a 12-layer sharded GPT's 196 leaves:
+    eagerly, two multi-device programs per leaf, and XLA:CPU deadlocks in a collective with
+    ~32+ of them in flight; jitted, one program."""
+    from txjax.train.loop import all_finite
+
+    cfg = TrainConfig(batch_size=16, steps=10, parallelism="fsdp")
+    stepper = Stepper(GPT(dataclasses.replace(GPT_TINY, num_layers=12), rngs=nnx.Rngs(0)), gpt_loss, cfg)
+    params = stepper.init_state().params
+    leaves, treedef = jax.tree.flatten(params)
+    last = leaves[-1].at[(0,) * leaves[-1].ndim].set(np.nan)  # keeps its sharding
+    broken = jax.tree.unflatten(treedef, leaves[:-1] + [last])
+    return {"leaves": len(jax.tree.leaves(params)), "finite": [all_finite(params) for _ in range(4)],
+            "broken": all_finite(broken), "split": sharding_report(params)["split"]}
+
+
 def check_multihost() -> dict:
     model = lambda: GPT(GPT_TINY, rngs=nnx.Rngs(0))  # noqa: E731
     result = {"process_index": jax.process_index(), "process_count": jax.process_count(),
@@ -162,7 +179,8 @@ def check_multihost() -> dict:
     return result
 
 
-CHECKS = {"steps": check_steps, "t5": check_t5, "resume": check_resume, "multihost": check_multihost}
+CHECKS = {"steps": check_steps, "t5": check_t5, "resume": check_resume, "queue": check_queue,
+          "multihost": check_multihost}
 
 if __name__ == "__main__":
     name, out_path = sys.argv[1], sys.argv[2]

@@ -129,6 +129,15 @@ def test_fsdp_run_stops_resumes_and_matches_unsharded_run(tmp_path):
     assert result["resumed_params"]["split"] == result["resumed_params"]["leaves"]
 
 
+@pytest.mark.slow
+def test_all_finite_on_many_sharded_leaves_is_one_program(tmp_path):
+    """all_finite before a checkpoint, on 196 FSDP leaves over 8 devices: finishes (it deadlocked
+    XLA:CPU when it was two eager ops per leaf) and still finds one NaN."""
+    result = run_worker("queue", tmp_path)
+    assert result["leaves"] == result["split"] == 196
+    assert result["finite"] == [True] * 4 and result["broken"] is False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
