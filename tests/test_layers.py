@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txjax import GPTConfig, ops
-from txjax.nn.layers import gelu
+from txjax.nn.layers import Dense, gelu
 
 
 def test_gelu_hand_values():
@@ -60,3 +60,51 @@ def test_causal_block_size_is_validated():
     with pytest.raises(ValueError, match="causal_block_size"):
         GPTConfig(causal_block_size=0)
     assert GPTConfig(causal_block_size=None).causal_block_size is None
+
+
+@pytest.mark.parametrize("d_in,d_out", [(4, 12), (12, 4), (6, 6)])  # x narrower, dy narrower, equal
+@pytest.mark.parametrize("jit", [True, False])
+def test_dense_equals_nnx_linear_values_and_gradients(d_in, d_out, jit):
+    """Dense: nnx.Linear's parameters and values; on CPU float32 its custom kernel gradient
+    (x^T dy, or (dy^T x)^T when dy is narrower) equals autodiff's."""
+    dense, linear = Dense(d_in, d_out, rngs=nnx.Rngs(0)), nnx.Linear(d_in, d_out, rngs=nnx.Rngs(0))
+    assert ops.cpu_nn_grads(dense.kernel[...])  # the custom path is the one under test
+    for a, b in zip(jax.tree.leaves(nnx.state(dense)), jax.tree.leaves(nnx.state(linear))):
+        np.testing.assert_array_equal(a, b)
+    x = jax.random.normal(jax.random.key(1), (2, 5, d_in))
+    w = jnp.cos(jnp.arange(2 * 5 * d_out, dtype=jnp.float32)).reshape(2, 5, d_out)
+
+    def value_and_grads(model):
+        f = nnx.value_and_grad(lambda m, x: jnp.sum(w * m(x)), argnums=(0, 1))
+        return (nnx.jit(f) if jit else f)(model, x)
+
+    (y_dense, g_dense), (y_linear, g_linear) = value_and_grads(dense), value_and_grads(linear)
+    np.testing.assert_allclose(y_dense, y_linear, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_dense), jax.tree.leaves(g_linear)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_dense_kernel_gradient_numerically_and_in_the_fast_form():
+    """Against central differences; and no dot in the compiled gradient contracts the token
+    axis as the rows of its left operand (the form XLA:CPU runs slowly)."""
+    import re
+
+    from jax.test_util import check_grads
+
+    x, kernel, bias = (jax.random.normal(jax.random.key(i), s) for i, s in
+                       enumerate([(3, 4, 5), (5, 7), (7,)]))
+    check_grads(ops.dense, (x, kernel, bias), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
+    for k in (kernel, kernel.T):  # 5 -> 7 and 7 -> 5
+        xk = jax.random.normal(jax.random.key(3), (3, 4, k.shape[0]))
+        grad = jax.jit(jax.grad(lambda x, k: jnp.sum(ops.dense(x, k) ** 2), (0, 1)))
+        hlo = grad.lower(xk, k).compile().as_text()
+        lhs_contracting = re.findall(r" dot\(.*lhs_contracting_dims=\{(\d+)\}", hlo)
+        assert len(lhs_contracting) == 3 and set(lhs_contracting) == {"1"}
+
+
+def test_dense_in_bfloat16_is_nnx_linear():
+    """Other dtypes keep nnx.Linear's own path: bit-identical outputs."""
+    dense = Dense(6, 3, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    linear = nnx.Linear(6, 3, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 6))
+    np.testing.assert_array_equal(dense(x), linear(x))

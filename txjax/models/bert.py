@@ -9,7 +9,7 @@ from flax import nnx
 from txjax import ops
 from txjax.config import BertConfig
 from txjax.nn import Embed, TransformerStack, check_tokens, make_norm
-from txjax.nn.layers import ACTIVATIONS, INIT
+from txjax.nn.layers import ACTIVATIONS, INIT, Dense
 
 
 class MLMHead(nnx.Module):
@@ -17,7 +17,7 @@ class MLMHead(nnx.Module):
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.activation = config.activation
-        self.dense = nnx.Linear(config.d_model, config.d_model, kernel_init=INIT, dtype=config.dtype,
+        self.dense = Dense(config.d_model, config.d_model, kernel_init=INIT, dtype=config.dtype,
                                 rngs=rngs)
         self.norm = make_norm(config)
         self.bias = nnx.Param(jnp.zeros((config.vocab_size,)))

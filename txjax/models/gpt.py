@@ -10,7 +10,7 @@ from txjax import ops
 from txjax.config import GPTConfig
 from txjax.nn import Embed, TransformerStack, check_tokens
 from txjax.nn.blocks import KVCache
-from txjax.nn.layers import INIT
+from txjax.nn.layers import INIT, Dense
 
 
 class GPT(nnx.Module):
@@ -22,7 +22,7 @@ class GPT(nnx.Module):
         self.decoder = TransformerStack(config, config.num_layers, causal=True, cross=False, rngs=rngs)
         self.head = (
             None if config.tie_embeddings
-            else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT,
+            else Dense(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT,
                             dtype=config.dtype, rngs=rngs)
         )
 

@@ -10,7 +10,7 @@ from txjax import ops
 from txjax.config import T5Config
 from txjax.nn import Embed, TransformerStack, check_tokens
 from txjax.nn.blocks import KVCache
-from txjax.nn.layers import INIT
+from txjax.nn.layers import INIT, Dense
 
 
 class T5(nnx.Module):
@@ -23,7 +23,7 @@ class T5(nnx.Module):
         self.decoder = TransformerStack(config, config.decoder_layers, causal=True, cross=True, rngs=rngs)
         self.head = (
             None if config.tie_embeddings
-            else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT,
+            else Dense(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT,
                             dtype=config.dtype, rngs=rngs)
         )
 

@@ -2,6 +2,7 @@
 
 from txjax.nn.blocks import TransformerBlock, TransformerStack
 from txjax.nn.layers import (
+    Dense,
     Embed,
     FeedForward,
     LayerNorm,
@@ -14,6 +15,7 @@ from txjax.nn.layers import (
 )
 
 __all__ = [
+    "Dense",
     "Embed",
     "FeedForward",
     "LayerNorm",

@@ -102,6 +102,19 @@ ACTIVATIONS = {
 }
 
 
+class Dense(nnx.Linear):
+    """`nnx.Linear` (same parameters, same values) through `ops.dense`, whose kernel gradient
+    XLA:CPU runs in its fast matmul form; other dtypes and backends take nnx.Linear's path."""
+
+    def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+        kernel = self.kernel[...]
+        bias = self.bias[...] if self.bias is not None else None
+        inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+        if out_sharding is not None or self.precision is not None or not ops.cpu_nn_grads(inputs, kernel):
+            return super().__call__(inputs, out_sharding)
+        return ops.dense(inputs, kernel, bias)
+
+
 class FeedForward(nnx.Module):
     """D -> F -> D with an activation; gated: act(x W_in) * (x W_gate) (GEGLU, SwiGLU)."""
 
@@ -110,9 +123,9 @@ class FeedForward(nnx.Module):
         self.activation = config.activation
         self.d_model = d
         dense = dict(use_bias=bias, kernel_init=INIT, dtype=jnp.dtype(config.dtype), rngs=rngs)
-        self.wi = nnx.Linear(d, f, **dense)
-        self.wg = nnx.Linear(d, f, **dense) if config.gated else None
-        self.wo = nnx.Linear(f, d, **dense)
+        self.wi = Dense(d, f, **dense)
+        self.wg = Dense(d, f, **dense) if config.gated else None
+        self.wo = Dense(f, d, **dense)
 
     def __call__(self, x_BTD):
         check_width(x_BTD, self.d_model, "FeedForward")
@@ -138,10 +151,10 @@ class MultiHeadAttention(nnx.Module):
         self.rope_base = config.rope_base
         self.attention_impl = config.attention_impl
         dense = dict(use_bias=bias, kernel_init=INIT, dtype=jnp.dtype(config.dtype), rngs=rngs)
-        self.q = nnx.Linear(d, inner, **dense)
-        self.k = nnx.Linear(d, inner, **dense)
-        self.v = nnx.Linear(d, inner, **dense)
-        self.o = nnx.Linear(inner, d, **dense)
+        self.q = Dense(d, inner, **dense)
+        self.k = Dense(d, inner, **dense)
+        self.v = Dense(d, inner, **dense)
+        self.o = Dense(inner, d, **dense)
 
     def project_kv(self, kv_BSD: jax.Array) -> tuple[jax.Array, jax.Array]:
         n = self.num_heads

@@ -26,6 +26,7 @@ from txjax.ops.attention import (
     split_heads,
 )
 from txjax.ops.losses import cross_entropy, token_nll
+from txjax.ops.matmul import cpu_nn_grads, dense
 from txjax.ops.norms import layer_norm, rms_norm
 from txjax.ops.positions import (
     alibi_bias,
@@ -41,7 +42,9 @@ __all__ = [
     "apply_rope",
     "attention_weights",
     "causal_mask",
+    "cpu_nn_grads",
     "cross_entropy",
+    "dense",
     "dot_product_attention",
     "layer_norm",
     "mask_to_bias",

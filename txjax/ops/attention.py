@@ -8,6 +8,8 @@ import einops
 import jax
 import jax.numpy as jnp
 
+from txjax.ops.matmul import cpu_nn_grads, swap_copy
+
 
 def causal_mask(t: int, s: int | None = None) -> jax.Array:
     """bool[1, 1, T, S]: query i may attend to key j iff j <= i + (S - T).
@@ -58,14 +60,10 @@ def _check_qk(q_BTNH: jax.Array, k_BSNH: jax.Array) -> None:
         )
 
 
-def _swap(x: jax.Array) -> jax.Array:
-    """x's last two axes swapped as a real copy: the barriers keep XLA from folding the swap
-    into the dot that makes x or the one that takes the copy (and so back into the slow form).
-    Fencing both sides measured ~1-2% faster than fencing only the side that needs it."""
-    barrier = jax.lax.optimization_barrier
-    return barrier(jnp.swapaxes(barrier(x), -1, -2))
-
-
+# Autodiff of the two batched einsums below writes dk = dS^T q and dv = P^T dO, dots that
+# contract the query axis of their left operand; XLA:CPU ran those on Eigen at a third of
+# the speed of the YNNPACK-fused ones. On CPU in float32 (see txjax.ops.matmul) these VJPs
+# copy the small [T, H] operand transposed and take dk^T = q^T dS and dv^T = dO^T P instead.
 @jax.custom_vjp
 def _scores_f32(q_BNTH: jax.Array, k_BNSH: jax.Array) -> jax.Array:
     return jnp.einsum("BNTH,BNSH->BNTS", q_BNTH, k_BNSH)
@@ -77,8 +75,8 @@ def _scores_fwd(q_BNTH, k_BNSH):
 
 def _scores_bwd(res, d_BNTS):
     q_BNTH, k_BNSH = res
-    dk_BNHS = jnp.einsum("BNHT,BNTS->BNHS", _swap(q_BNTH), d_BNTS)
-    return jnp.einsum("BNTS,BNSH->BNTH", d_BNTS, k_BNSH), _swap(dk_BNHS)
+    dk_BNHS = jnp.einsum("BNHT,BNTS->BNHS", swap_copy(q_BNTH), d_BNTS)
+    return jnp.einsum("BNTS,BNSH->BNTH", d_BNTS, k_BNSH), swap_copy(dk_BNHS)
 
 
 _scores_f32.defvjp(_scores_fwd, _scores_bwd)
@@ -95,34 +93,22 @@ def _mix_fwd(weights_BNTS, v_BNSH):
 
 def _mix_bwd(res, d_BNTH):
     weights_BNTS, v_BNSH = res
-    dv_BNHS = jnp.einsum("BNHT,BNTS->BNHS", _swap(d_BNTH), weights_BNTS)
-    return jnp.einsum("BNTH,BNSH->BNTS", d_BNTH, v_BNSH), _swap(dv_BNHS)
+    dv_BNHS = jnp.einsum("BNHT,BNTS->BNHS", swap_copy(d_BNTH), weights_BNTS)
+    return jnp.einsum("BNTH,BNSH->BNTS", d_BNTH, v_BNSH), swap_copy(dv_BNHS)
 
 
 _mix_f32.defvjp(_mix_fwd, _mix_bwd)
 
 
-def _nn_grads(*xs: jax.Array) -> bool:
-    """Whether to take the key and value gradients in the [H, T] @ [T, S] form (float32, CPU).
-
-    Autodiff writes dk = dS^T q and dv = P^T dO, batched dots that contract the query axis,
-    the rows of their left operand; XLA:CPU runs those on Eigen at a third of the speed its
-    YNNPACK fusions reach on the same shapes. The custom VJPs above transpose the small
-    [T, H] operand instead and compute dk^T = q^T dS and dv^T = dO^T P. Elsewhere (GPU,
-    TPU, other dtypes) autodiff's own gradient is kept.
-    """
-    return jax.default_backend() == "cpu" and all(x.dtype == jnp.float32 for x in xs)
-
-
 def _scores(q_BNTH: jax.Array, k_BNSH: jax.Array) -> jax.Array:
-    if _nn_grads(q_BNTH, k_BNSH):
+    if cpu_nn_grads(q_BNTH, k_BNSH):
         return _scores_f32(q_BNTH, k_BNSH)
     return jnp.einsum("BNTH,BNSH->BNTS", q_BNTH, k_BNSH, preferred_element_type=jnp.float32)
 
 
 def _mix(weights_BNTS: jax.Array, v_BNSH: jax.Array) -> jax.Array:
     weights_BNTS = weights_BNTS.astype(v_BNSH.dtype)
-    if _nn_grads(weights_BNTS, v_BNSH):
+    if cpu_nn_grads(weights_BNTS, v_BNSH):
         return _mix_f32(weights_BNTS, v_BNSH)
     return jnp.einsum("BNTS,BNSH->BNTH", weights_BNTS, v_BNSH)
 
