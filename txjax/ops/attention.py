@@ -8,7 +8,7 @@ import einops
 import jax
 import jax.numpy as jnp
 
-from txjax.ops.matmul import cpu_nn_grads, swap_copy
+from txjax.ops.matmul import cpu_nn_grads, matmul_nn, matmul_nt
 
 
 def causal_mask(t: int, s: int | None = None) -> jax.Array:
@@ -60,56 +60,19 @@ def _check_qk(q_BTNH: jax.Array, k_BSNH: jax.Array) -> None:
         )
 
 
-# Autodiff of the two batched einsums below writes dk = dS^T q and dv = P^T dO, dots that
-# contract the query axis of their left operand; XLA:CPU ran those on Eigen at a third of
-# the speed of the YNNPACK-fused ones. On CPU in float32 (see txjax.ops.matmul) these VJPs
-# copy the small [T, H] operand transposed and take dk^T = q^T dS and dv^T = dO^T P instead.
-@jax.custom_vjp
-def _scores_f32(q_BNTH: jax.Array, k_BNSH: jax.Array) -> jax.Array:
-    return jnp.einsum("BNTH,BNSH->BNTS", q_BNTH, k_BNSH)
-
-
-def _scores_fwd(q_BNTH, k_BNSH):
-    return _scores_f32(q_BNTH, k_BNSH), (q_BNTH, k_BNSH)
-
-
-def _scores_bwd(res, d_BNTS):
-    q_BNTH, k_BNSH = res
-    dk_BNHS = jnp.einsum("BNHT,BNTS->BNHS", swap_copy(q_BNTH), d_BNTS)
-    return jnp.einsum("BNTS,BNSH->BNTH", d_BNTS, k_BNSH), swap_copy(dk_BNHS)
-
-
-_scores_f32.defvjp(_scores_fwd, _scores_bwd)
-
-
-@jax.custom_vjp
-def _mix_f32(weights_BNTS: jax.Array, v_BNSH: jax.Array) -> jax.Array:
-    return jnp.einsum("BNTS,BNSH->BNTH", weights_BNTS, v_BNSH)
-
-
-def _mix_fwd(weights_BNTS, v_BNSH):
-    return _mix_f32(weights_BNTS, v_BNSH), (weights_BNTS, v_BNSH)
-
-
-def _mix_bwd(res, d_BNTH):
-    weights_BNTS, v_BNSH = res
-    dv_BNHS = jnp.einsum("BNHT,BNTS->BNHS", swap_copy(d_BNTH), weights_BNTS)
-    return jnp.einsum("BNTH,BNSH->BNTS", d_BNTH, v_BNSH), swap_copy(dv_BNHS)
-
-
-_mix_f32.defvjp(_mix_fwd, _mix_bwd)
-
-
 def _scores(q_BNTH: jax.Array, k_BNSH: jax.Array) -> jax.Array:
+    """q k^T in float32. On CPU in float32, dk = dS^T q is taken as (q^T dS)^T: XLA:CPU ran
+    autodiff's form, which contracts the query rows, on Eigen at a third of the speed of the
+    YNNPACK-fused dots (see txjax.ops.matmul). Likewise dv = P^T dO in `_mix`."""
     if cpu_nn_grads(q_BNTH, k_BNSH):
-        return _scores_f32(q_BNTH, k_BNSH)
+        return matmul_nt(q_BNTH, k_BNSH)
     return jnp.einsum("BNTH,BNSH->BNTS", q_BNTH, k_BNSH, preferred_element_type=jnp.float32)
 
 
 def _mix(weights_BNTS: jax.Array, v_BNSH: jax.Array) -> jax.Array:
     weights_BNTS = weights_BNTS.astype(v_BNSH.dtype)
     if cpu_nn_grads(weights_BNTS, v_BNSH):
-        return _mix_f32(weights_BNTS, v_BNSH)
+        return matmul_nn(weights_BNTS, v_BNSH)
     return jnp.einsum("BNTS,BNSH->BNTH", weights_BNTS, v_BNSH)
 
 

@@ -3,9 +3,10 @@
 Autodiff of y = x w writes dw = x^T dy, a dot that contracts the rows of its left operand
 (the token axis). XLA:CPU gives that form to Eigen, or first copies the wider operand
 transposed, while the plain [M, K] @ [K, N] form goes to its YNNPACK fusions. So on CPU in
-float32 the custom VJPs here copy the *narrower* operand transposed (x^T, or dy^T and then
-transpose the small result) and never leave the rows contracted. The attention matmuls in
-`txjax.ops.attention` do the same for dk and dv. Elsewhere (GPU, TPU, other dtypes)
+float32 the custom VJPs here (`matmul_nn`, `matmul_nt`, their weight-side gradient
+`matmul_tn`) copy the *narrower* operand transposed (x^T, or dy^T and then transpose the
+small result) and never leave the rows contracted. `dense` and the attention matmuls in
+`txjax.ops.attention` (dk = dS^T q, dv = P^T dO) use them. Elsewhere (GPU, TPU, other dtypes)
 autodiff's gradient is kept: there the transposed forms cost nothing.
 """
 
@@ -28,26 +29,49 @@ def swap_copy(x: jax.Array) -> jax.Array:
     return barrier(jnp.swapaxes(barrier(x), -1, -2))
 
 
+def matmul_tn(a_KM: jax.Array, b_KN: jax.Array) -> jax.Array:
+    """a^T b, contracting the second-to-last axis of both (batch axes before it), as an
+    [M, K] @ [K, N] dot: the narrower of a and b is copied transposed; when that is b, the
+    product is taken as (b^T a)^T and its small [N, M] result transposed."""
+    if a_KM.shape[-1] <= b_KN.shape[-1]:
+        return jnp.einsum("...MK,...KN->...MN", swap_copy(a_KM), b_KN)
+    return swap_copy(jnp.einsum("...NK,...KM->...NM", swap_copy(b_KN), a_KM))
+
+
 @jax.custom_vjp
-def _matmul_f32(x_MD: jax.Array, w_DF: jax.Array) -> jax.Array:
-    return x_MD @ w_DF
+def matmul_nn(a_MK: jax.Array, b_KN: jax.Array) -> jax.Array:
+    """a @ b; its gradient for b is `matmul_tn(a, d)`, not autodiff's a^T d."""
+    return jnp.einsum("...MK,...KN->...MN", a_MK, b_KN)
 
 
-def _matmul_fwd(x_MD, w_DF):
-    return _matmul_f32(x_MD, w_DF), (x_MD, w_DF)
+def _nn_fwd(a_MK, b_KN):
+    return matmul_nn(a_MK, b_KN), (a_MK, b_KN)
 
 
-def _matmul_bwd(res, dy_MF):
-    x_MD, w_DF = res
-    dx_MD = jnp.einsum("MF,DF->MD", dy_MF, w_DF)
-    if x_MD.shape[1] <= dy_MF.shape[1]:
-        dw_DF = jnp.einsum("DM,MF->DF", swap_copy(x_MD), dy_MF)
-    else:  # dy is the narrower one: dw^T = dy^T x, and the small [F, D] result transposed
-        dw_DF = swap_copy(jnp.einsum("FM,MD->FD", swap_copy(dy_MF), x_MD))
-    return dx_MD, dw_DF
+def _nn_bwd(res, d_MN):
+    a_MK, b_KN = res
+    return jnp.einsum("...MN,...KN->...MK", d_MN, b_KN), matmul_tn(a_MK, d_MN)
 
 
-_matmul_f32.defvjp(_matmul_fwd, _matmul_bwd)
+matmul_nn.defvjp(_nn_fwd, _nn_bwd)
+
+
+@jax.custom_vjp
+def matmul_nt(a_MK: jax.Array, b_NK: jax.Array) -> jax.Array:
+    """a @ b^T; its gradient for b is `matmul_tn(d, a)`, not autodiff's d^T a."""
+    return jnp.einsum("...MK,...NK->...MN", a_MK, b_NK)
+
+
+def _nt_fwd(a_MK, b_NK):
+    return matmul_nt(a_MK, b_NK), (a_MK, b_NK)
+
+
+def _nt_bwd(res, d_MN):
+    a_MK, b_NK = res
+    return jnp.einsum("...MN,...NK->...MK", d_MN, b_NK), matmul_tn(d_MN, a_MK)
+
+
+matmul_nt.defvjp(_nt_fwd, _nt_bwd)
 
 
 def dense(x: jax.Array, kernel_DF: jax.Array, bias_F: jax.Array | None = None) -> jax.Array:
@@ -57,7 +81,7 @@ def dense(x: jax.Array, kernel_DF: jax.Array, bias_F: jax.Array | None = None) -
     gradient is taken in the fast form (module docstring); the values are the same.
     """
     if cpu_nn_grads(x, kernel_DF):
-        y = _matmul_f32(x.reshape(-1, x.shape[-1]), kernel_DF).reshape(*x.shape[:-1], kernel_DF.shape[1])
+        y = matmul_nn(x.reshape(-1, x.shape[-1]), kernel_DF).reshape(*x.shape[:-1], kernel_DF.shape[1])
     else:
         y = jnp.einsum("...D,DF->...F", x, kernel_DF)
     return y if bias_F is None else y + jnp.reshape(bias_F, (1,) * (y.ndim - 1) + (-1,))
