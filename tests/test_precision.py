@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -89,5 +90,6 @@ def test_remat_gives_the_same_gradients(family):
     assert "checkpoint" in jaxpr1 or "remat" in jaxpr1
     assert "checkpoint" not in jaxpr0 and "remat" not in jaxpr0
     np.testing.assert_allclose(v1, v0, rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    norm = float(optax.tree.norm(g0))
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):  # rounding noise is relative to the norm
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * norm)

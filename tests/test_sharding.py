@@ -81,13 +81,14 @@ def test_initialize_distributed_needs_all_three(monkeypatch):
         initialize_distributed()
 
 
-def assert_matches_single_device(result: dict, mode: str, devices: int, tol: float = 1e-4):
+def assert_matches_single_device(result: dict, mode: str, devices: int, tol: float = 1e-5):
     none, sharded = result["none"], result[mode]
     np.testing.assert_allclose(sharded["losses"], none["losses"], rtol=1e-5)
     assert sharded["eval"]["tokens"] == none["eval"]["tokens"]
     np.testing.assert_allclose(sharded["eval"]["loss"], none["eval"]["loss"], rtol=1e-5)
-    # Adam divides by sqrt(v): reduction-order differences of ~1e-7 in the gradients
-    # show up as ~1e-5 in the parameters after a few steps at lr 1e-2.
+    # The worker's Adam eps (1e-3) keeps the update Lipschitz in the gradient, so
+    # reduction-order noise of ~1e-7 stays ~1e-7 in the parameters (seen: 1.2e-7; with
+    # eps 1e-8 it was 2.4e-5 and could reach lr = 1e-2 on a near-zero gradient).
     assert sharded["max_param_diff"] < tol
     assert none["params"]["specs"] == ["single device"]
     for part in ("params", "mu"):
@@ -125,7 +126,7 @@ def test_fsdp_run_stops_resumes_and_matches_unsharded_run(tmp_path):
     result = run_worker("resume", tmp_path)
     assert result["stopped_at"] == 2 and result["resumed_from"] == 2
     np.testing.assert_allclose(result["loss_fsdp"], result["loss_none"], rtol=1e-5)
-    assert result["max_param_diff"] < 1e-4 and result["max_opt_diff"] < 1e-4
+    assert result["max_param_diff"] < 1e-5 and result["max_opt_diff"] < 1e-5  # seen: 3e-8, 8e-9
     assert result["resumed_params"]["split"] == result["resumed_params"]["leaves"]
 
 

@@ -142,8 +142,13 @@ class Stepper:
 
         return jax.tree.map(split, batch)
 
-    def _train_step(self, state: TrainState, batch: Batch, key: jax.Array):
-        step_key = jax.random.fold_in(key, state.step)
+    def gradients(self, params, batch: Batch, key: jax.Array, step: jax.Array):
+        """(grads, sums): the gradient of the batch's mean NLL over its real tokens, before the optimizer.
+
+        The micro-batches' summed-NLL gradients are added up and divided once by the real-token
+        count of the whole batch, so any `grad_accum` gives the one-big-batch gradient.
+        """
+        step_key = jax.random.fold_in(key, step)
 
         def micro_loss(params, micro, i):
             rest = fresh_rngs(self.rest, jax.random.fold_in(step_key, i))
@@ -157,24 +162,28 @@ class Stepper:
         def body(carry, xs):
             grads_acc, sums_acc = carry
             micro, i = xs
-            grads, sums = grad_fn(state.params, micro, i)
+            grads, sums = grad_fn(params, micro, i)
             return (jax.tree.map(jnp.add, grads_acc, grads),
                     jax.tree.map(jnp.add, sums_acc, sums)), None
 
-        zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-        zero_sums = LossSums(*(jnp.zeros((), jnp.float32) for _ in range(3)))
         micro = self._micro_batches(batch)
         if self.layout is not None:
             micro = self.layout.split_micro(micro)
         if self.cfg.grad_accum == 1:
             # No loop around a single micro-batch: the scan's carried zeros and adds cost
             # ~2% of a small CPU train step (measured), and nothing is gained by the loop.
-            grads, sums = grad_fn(state.params, jax.tree.map(lambda x: x[0], micro), 0)
+            grads, sums = grad_fn(params, jax.tree.map(lambda x: x[0], micro), 0)
         else:
+            zero_grads = jax.tree.map(jnp.zeros_like, params)
+            zero_sums = LossSums(*(jnp.zeros((), jnp.float32) for _ in range(3)))
             (grads, sums), _ = jax.lax.scan(
                 body, (zero_grads, zero_sums), (micro, jnp.arange(self.cfg.grad_accum)))
         count = jnp.maximum(sums.count, 1.0)
-        grads = jax.tree.map(lambda g: g / count, grads)
+        return jax.tree.map(lambda g: g / count, grads), sums
+
+    def _train_step(self, state: TrainState, batch: Batch, key: jax.Array):
+        grads, sums = self.gradients(state.params, batch, key, state.step)
+        count = jnp.maximum(sums.count, 1.0)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {
