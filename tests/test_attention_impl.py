@@ -7,6 +7,8 @@ import pytest
 from flax import nnx
 
 from txjax import GPT, T5, GPTConfig, T5Config, ops
+from txjax.config import ExecutionConfig
+from txjax.ops import xla_cpu
 
 B, T, N, H = 2, 7, 4, 8
 
@@ -66,7 +68,7 @@ def test_unknown_implementation_is_an_error():
     with pytest.raises(ValueError, match="not one of"):
         ops.dot_product_attention(q, k, v, implementation="flash")
     with pytest.raises(ValueError, match="attention_impl"):
-        GPTConfig(attention_impl="flash")
+        ExecutionConfig(attention_impl="flash")
 
 
 @pytest.mark.slow
@@ -76,7 +78,7 @@ def test_gpt_logits_agree_across_implementations(position):
                        position=position, pad_id=0)
     tokens = jnp.array([[1, 2, 3, 4, 0, 0, 0], [5, 6, 7, 8, 9, 10, 11]])
     ref = GPT(config, rngs=nnx.Rngs(0))(tokens)
-    xla = GPT(config.replace(attention_impl="xla"), rngs=nnx.Rngs(0))(tokens)
+    xla = GPT(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(attention_impl="xla"))(tokens)
     np.testing.assert_allclose(xla, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -86,7 +88,7 @@ def test_t5_logits_agree_across_implementations():
     enc = jnp.array([[3, 4, 5, 1, 0, 0, 0], [6, 7, 8, 9, 10, 11, 1]])
     dec = jnp.array([[0, 3, 4, 5], [0, 6, 7, 8]])
     ref = T5(config, rngs=nnx.Rngs(0))(enc, dec)
-    xla = T5(config.replace(attention_impl="xla"), rngs=nnx.Rngs(0))(enc, dec)
+    xla = T5(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(attention_impl="xla"))(enc, dec)
     np.testing.assert_allclose(xla, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -119,23 +121,20 @@ def test_causal_blocks_need_square_attention():
 
 @pytest.mark.parametrize("name,block,jit", [("none", None, True), ("padding", None, True), ("t5", None, True),
                                             ("causal", 3, True), ("t5", 3, True), ("t5", 3, False)])
-def test_cpu_key_and_value_gradients_equal_autodiff(name, block, jit, monkeypatch):
-    """The float32 CPU path's custom VJPs (dk^T = q^T dS, dv^T = dO^T P) give autodiff's gradients."""
-    from txjax.ops import attention
-
+def test_cpu_key_and_value_gradients_equal_autodiff(name, block, jit):
+    """ops.xla_cpu's custom VJPs (dk^T = q^T dS, dv^T = dO^T P) give autodiff's gradients of the
+    plain formula in txjax.ops, and the same values."""
     bias = biases()[name]
     q, k, v = qkv(2)
     w = jnp.cos(jnp.arange(B * T * N * H, dtype=jnp.float32)).reshape(B, T, N, H)
 
-    def grads():
-        f = jax.grad(lambda q, k, v, bias: jnp.sum(w * ops.dot_product_attention(
+    def grads(attention):
+        f = jax.value_and_grad(lambda q, k, v, bias: jnp.sum(w * attention(
             q, k, v, bias, causal_block_size=block)), (0, 1, 2, 3) if bias is not None else (0, 1, 2))
         return (jax.jit(f) if jit else f)(q, k, v, bias)
 
-    assert attention.cpu_nn_grads(q, k)  # this suite runs on CPU in float32
-    custom = grads()
-    monkeypatch.setattr(attention, "cpu_nn_grads", lambda *xs: False)
-    plain = grads()
+    (custom_value, custom), (plain_value, plain) = grads(xla_cpu.dot_product_attention), grads(ops.dot_product_attention)
+    np.testing.assert_allclose(custom_value, plain_value, rtol=1e-6)
     for a, b in zip(custom, plain):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
@@ -146,7 +145,7 @@ def test_cpu_attention_gradient_numerically():
 
     q, k, v = (x[:1, :5, :2, :4] for x in qkv(3))
     bias = ops.mask_to_bias(ops.causal_mask(5))
-    check_grads(lambda q, k, v: ops.dot_product_attention(q, k, v, bias, causal_block_size=2),
+    check_grads(lambda q, k, v: xla_cpu.dot_product_attention(q, k, v, bias, causal_block_size=2),
                 (q, k, v), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
 
 
@@ -157,7 +156,7 @@ def test_cpu_attention_gradient_dots_all_contract_the_left_operands_last_axis():
 
     q, k, v = qkv(4)
     bias = ops.mask_to_bias(ops.causal_mask(T))
-    grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(ops.dot_product_attention(
+    grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(xla_cpu.dot_product_attention(
         q, k, v, bias, causal_block_size=3) ** 2), (0, 1, 2)))
     hlo = grad.lower(q, k, v).compile().as_text()
     lhs_contracting = re.findall(r" dot\(.*lhs_contracting_dims=\{(\d+)\}", hlo)

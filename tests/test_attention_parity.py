@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from txjax import GPT, GPTConfig, ops
+from txjax.config import ExecutionConfig
 
 B, T, S, N, H = 2, 5, 7, 4, 8
 
@@ -92,7 +93,7 @@ def test_cudnn_is_refused_clearly_off_gpu():
     with pytest.raises(ValueError, match="'cudnn' needs an NVIDIA GPU"):
         ops.dot_product_attention(q, k, v, None, implementation="cudnn")
     config = GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32,
-                       attention_impl="cudnn", dtype="bfloat16")
-    model = GPT(config, rngs=nnx.Rngs(0))
+                       dtype="bfloat16")
+    model = GPT(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(attention_impl="cudnn"))
     with pytest.raises(ValueError, match="'cudnn' needs an NVIDIA GPU"):
         model(jnp.ones((1, 4), jnp.int32))

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
+from txjax.config import ExecutionConfig
 from txjax import GPT, T5, Bert, BertConfig, GPTConfig, T5Config, cost
 
 BIG = dict(vocab_size=256, max_len=64, d_model=256, num_heads=4, num_layers=1, d_ff=1024)
@@ -73,8 +74,8 @@ def test_xla_excess_is_the_elementwise_work_the_formula_leaves_out():
     """
     # Whole score matrices, as the formula assumes (no causal query blocks).
     small = GPTConfig(vocab_size=16, max_len=256, d_model=16, num_heads=4, num_layers=1, d_ff=64,
-                      activation="relu", causal_block_size=None)
-    model = GPT(small, rngs=nnx.Rngs(0))
+                      activation="relu")
+    model = GPT(small, rngs=nnx.Rngs(0), execution=ExecutionConfig(causal_block_size=None))
     excess = {}
     for t in (64, 128):
         xla = xla_forward_flops(model, tokens(1, t))
@@ -94,9 +95,11 @@ def test_causal_blocks_skip_the_upper_right_score_block():
     many of weights·v (H = 4 here), plus the softmax's few FLOPs per skipped score.
     """
     config = GPTConfig(vocab_size=16, max_len=128, d_model=16, num_heads=4, num_layers=1, d_ff=64,
-                       activation="relu", causal_block_size=None)
-    whole = xla_forward_flops(GPT(config, rngs=nnx.Rngs(0)), tokens(1, 128))
-    blocked = xla_forward_flops(GPT(config.replace(causal_block_size=64), rngs=nnx.Rngs(0)), tokens(1, 128))
+                       activation="relu")
+    whole = xla_forward_flops(GPT(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(causal_block_size=None)),
+                              tokens(1, 128))
+    blocked = xla_forward_flops(GPT(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(causal_block_size=64)),
+                                tokens(1, 128))
     skipped_scores = config.num_heads * 64 * 64
     skipped_matmul = 2 * (2 * skipped_scores * config.head_size)
     assert skipped_matmul < whole - blocked < skipped_matmul + 20 * skipped_scores, (whole - blocked)

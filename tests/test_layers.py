@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txjax import GPTConfig, ops
-from txjax.nn.layers import Dense, gelu
+from txjax.config import ExecutionConfig
+from txjax.nn.layers import Dense
+from txjax.ops import gelu, xla_cpu
 
 
 def test_gelu_hand_values():
@@ -41,11 +43,11 @@ def test_causal_blocks_in_the_model_change_nothing(family, position):
     args = (tokens,) if family == "gpt" else (tokens, tokens)
 
     def loss_and_grads(block):
-        model = cls(cfg_cls(**base, causal_block_size=block), rngs=nnx.Rngs(0))
+        model = cls(cfg_cls(**base), rngs=nnx.Rngs(0), execution=ExecutionConfig(causal_block_size=block))
         return nnx.jit(nnx.value_and_grad(lambda m: jnp.sum(jnp.tanh(m(*args)))))(model)
 
     def dots(block):  # the blocked model really runs more, smaller attention matmuls
-        model = cls(cfg_cls(**base, causal_block_size=block), rngs=nnx.Rngs(0))
+        model = cls(cfg_cls(**base), rngs=nnx.Rngs(0), execution=ExecutionConfig(causal_block_size=block))
         graphdef, state = nnx.split(model)
         return str(jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(*args))(state)).count("dot_general")
 
@@ -58,8 +60,8 @@ def test_causal_blocks_in_the_model_change_nothing(family, position):
 
 def test_causal_block_size_is_validated():
     with pytest.raises(ValueError, match="causal_block_size"):
-        GPTConfig(causal_block_size=0)
-    assert GPTConfig(causal_block_size=None).causal_block_size is None
+        ExecutionConfig(causal_block_size=0)
+    assert ExecutionConfig(causal_block_size=None).causal_block_size is None
 
 
 @pytest.mark.parametrize("d_in,d_out", [(4, 12), (12, 4), (6, 6)])  # x narrower, dy narrower, equal
@@ -67,8 +69,8 @@ def test_causal_block_size_is_validated():
 def test_dense_equals_nnx_linear_values_and_gradients(d_in, d_out, jit):
     """Dense: nnx.Linear's parameters and values; on CPU float32 its custom kernel gradient
     (x^T dy, or (dy^T x)^T when dy is narrower) equals autodiff's."""
-    dense, linear = Dense(d_in, d_out, rngs=nnx.Rngs(0)), nnx.Linear(d_in, d_out, rngs=nnx.Rngs(0))
-    assert ops.cpu_nn_grads(dense.kernel[...])  # the custom path is the one under test
+    dense = Dense(d_in, d_out, xla_cpu_grads=True, rngs=nnx.Rngs(0))  # the custom path under test
+    linear = nnx.Linear(d_in, d_out, rngs=nnx.Rngs(0))
     for a, b in zip(jax.tree.leaves(nnx.state(dense)), jax.tree.leaves(nnx.state(linear))):
         np.testing.assert_array_equal(a, b)
     x = jax.random.normal(jax.random.key(1), (2, 5, d_in))
@@ -93,10 +95,10 @@ def test_dense_kernel_gradient_numerically_and_in_the_fast_form():
 
     x, kernel, bias = (jax.random.normal(jax.random.key(i), s) for i, s in
                        enumerate([(3, 4, 5), (5, 7), (7,)]))
-    check_grads(ops.dense, (x, kernel, bias), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
+    check_grads(xla_cpu.dense, (x, kernel, bias), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
     for k in (kernel, kernel.T):  # 5 -> 7 and 7 -> 5
         xk = jax.random.normal(jax.random.key(3), (3, 4, k.shape[0]))
-        grad = jax.jit(jax.grad(lambda x, k: jnp.sum(ops.dense(x, k) ** 2), (0, 1)))
+        grad = jax.jit(jax.grad(lambda x, k: jnp.sum(xla_cpu.dense(x, k) ** 2), (0, 1)))
         hlo = grad.lower(xk, k).compile().as_text()
         lhs_contracting = re.findall(r" dot\(.*lhs_contracting_dims=\{(\d+)\}", hlo)
         assert len(lhs_contracting) == 3 and set(lhs_contracting) == {"1"}
@@ -104,7 +106,23 @@ def test_dense_kernel_gradient_numerically_and_in_the_fast_form():
 
 def test_dense_in_bfloat16_is_nnx_linear():
     """Other dtypes keep nnx.Linear's own path: bit-identical outputs."""
-    dense = Dense(6, 3, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    dense = Dense(6, 3, dtype=jnp.bfloat16, xla_cpu_grads=True, rngs=nnx.Rngs(0))
     linear = nnx.Linear(6, 3, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 6))
     np.testing.assert_array_equal(dense(x), linear(x))
+
+
+def test_execution_config_picks_the_gradient_forms_visibly():
+    """"auto" takes ops.xla_cpu's forms on the CPU backend only; the choice is an attribute."""
+    assert ExecutionConfig().xla_cpu_grads("cpu") and not ExecutionConfig().xla_cpu_grads("gpu")
+    assert ExecutionConfig(grad_forms="xla_cpu").xla_cpu_grads("tpu")
+    assert not ExecutionConfig(grad_forms="autodiff").xla_cpu_grads("cpu")
+    with pytest.raises(ValueError, match="grad_forms"):
+        ExecutionConfig(grad_forms="fast")
+    from txjax import GPT
+
+    config = GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32)
+    for forms, expected in (("xla_cpu", True), ("autodiff", False)):
+        model = GPT(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(grad_forms=forms))
+        block = model.decoder.blocks[0]
+        assert block.self_attn.xla_cpu_grads is expected and block.ffn.wi.xla_cpu_grads is expected

@@ -78,7 +78,7 @@ def test_gpt_causality_through_gradients(position):
     def out_i(x_BTD):
         m = nnx.merge(graphdef, state)
         positions = jnp.arange(8)
-        h = m.decoder(m.decoder.embed_positions(x_BTD, positions), m.mask(tokens), positions)
+        h, _ = m.decoder(m.decoder.embed_positions(x_BTD, positions), positions, valid_BT=m.valid(tokens))
         return jnp.sum(m.logits(h)[:, i])
 
     grad_BTD = jax.grad(out_i)(model.embed(tokens))

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 from txjax import GPT, T5, Bert, BertConfig, GPTConfig, T5Config
+from txjax.config import ExecutionConfig
 from txjax.train.config import TrainConfig
 from txjax.train.steps import Stepper, fresh_rngs, gpt_loss
 
@@ -16,11 +17,11 @@ GPT_CFG = GPTConfig(**SMALL)
 TOKENS = np.random.default_rng(0).integers(1, 50, (2, 12)).astype(np.int32)
 
 
-def models(**changes):
+def models(execution=None, **changes):
     """(name, model, call) for each family, built from seed 0 with `changes` to the config."""
-    gpt = GPT(GPT_CFG.replace(**changes), rngs=nnx.Rngs(0))
-    bert = Bert(BertConfig(**SMALL).replace(**changes), rngs=nnx.Rngs(0))
-    t5 = T5(T5Config(**SMALL).replace(**changes), rngs=nnx.Rngs(0))
+    gpt = GPT(GPT_CFG.replace(**changes), rngs=nnx.Rngs(0), execution=execution)
+    bert = Bert(BertConfig(**SMALL).replace(**changes), rngs=nnx.Rngs(0), execution=execution)
+    t5 = T5(T5Config(**SMALL).replace(**changes), rngs=nnx.Rngs(0), execution=execution)
     return [("gpt", gpt, lambda m, t: m(t)), ("bert", bert, lambda m, t: m(t)),
             ("t5", t5, lambda m, t: m(t, t[:, :6]))]
 
@@ -84,7 +85,7 @@ def test_remat_gives_the_same_gradients(family):
         return fn(params, key, TOKENS), str(jax.make_jaxpr(jax.grad(loss))(params, key, TOKENS))
 
     (_, plain, call), = [m for m in models(dropout=0.1) if m[0] == family]
-    (_, remat, _), = [m for m in models(dropout=0.1, remat=True) if m[0] == family]
+    (_, remat, _), = [m for m in models(ExecutionConfig(remat=True), dropout=0.1) if m[0] == family]
     (v0, g0), jaxpr0 = grads(plain, call)
     (v1, g1), jaxpr1 = grads(remat, call)
     assert "checkpoint" in jaxpr1 or "remat" in jaxpr1

@@ -254,14 +254,12 @@ def test_layer_attention_reproduces_the_model_gpt(position):
     stack = model.decoder
     positions = jnp.arange(9)
     x = stack.embed_positions(model.embed(tokens), positions)
-    bias = ops.mask_to_bias(model.mask(tokens))
-    rel = stack.positions.attention_bias(positions, positions)
-    bias = bias if rel is None else bias + rel
-    rope = (positions, positions) if stack.positions.rope else None
-    x = stack.blocks[0](x, bias, rope)
+    bias = stack.self_bias(positions, positions, model.valid(tokens))
+    rope = positions if stack.positions.rope else None
+    x, _ = stack.blocks[0](x, bias, rope_positions=rope)
     blk = stack.blocks[1]
     h = blk.self_norm(x)
-    want = blk.self_attn(h, None, bias, rope)
+    want, _ = blk.self_attn(h, bias, rope_positions=rope)
     _, v = blk.self_attn.project_kv(h)
     got = blk.self_attn.o(ops.merge_heads(jnp.einsum("BNTS,BSNH->BTNH", w, v)))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)

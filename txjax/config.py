@@ -1,9 +1,11 @@
-"""Frozen model configurations, one per family, with presets.
+"""Frozen configurations: what a model computes (one per family, with presets), and how it runs.
 
 Every family shares the fields of `TransformerConfig`; the subclasses only change
 defaults and add what is theirs (segments for BERT, a decoder depth and special ids
-for T5). A config is validated when it is made, so a bad value fails here and not
-deep inside XLA.
+for T5). `ExecutionConfig` holds how the same computation is carried out (attention
+kernel, causal query blocks, remat, gradient forms): a checkpoint records the model
+config, and a resumed run may change its execution. A config is validated when it is
+made, so a bad value fails here and not deep inside XLA.
 """
 
 from __future__ import annotations
@@ -11,12 +13,42 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from txjax.ops.activations import ACTIVATIONS
+from txjax.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLS
+
 POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("reference", "xla", "cudnn")
+GRAD_FORMS = ("auto", "autodiff", "xla_cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionConfig:
+    """How a model runs: none of these change what it computes, only the order of float sums."""
+
+    attention_impl: str = "reference"  # "reference" (txjax.ops), "xla" or "cudnn" (jax.nn.dot_product_attention; cudnn: NVIDIA GPU only)
+    causal_block_size: int | None = 64  # causal self-attention in query blocks of ~this size that skip the masked keys above the diagonal; None: one block (cudnn: never blocked, its kernel skips them itself)
+    remat: bool = False  # recompute each block's activations in the backward pass (gradient checkpointing)
+    grad_forms: str = "auto"  # float32 matmul gradients: "xla_cpu" (txjax.ops.xla_cpu, fast on XLA:CPU), "autodiff", or "auto": xla_cpu when JAX's default backend is the CPU
+
+    def __post_init__(self):
+        for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("grad_forms", GRAD_FORMS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ExecutionConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
+        if self.causal_block_size is not None and (
+                not isinstance(self.causal_block_size, int) or self.causal_block_size < 1):
+            raise ValueError(f"causal_block_size must be a positive int or None, got {self.causal_block_size!r}")
+
+    def xla_cpu_grads(self, backend: str) -> bool:
+        """Whether to use txjax.ops.xla_cpu's forms on `backend` (jax.default_backend())."""
+        return self.grad_forms == "xla_cpu" or (self.grad_forms == "auto" and backend == "cpu")
+
+    def replace(self, **changes) -> "ExecutionConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +77,6 @@ class TransformerConfig:
     max_distance: int = 128  # T5: offsets beyond this share the last bucket
     pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
     dtype: str = "float32"  # compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32
-    remat: bool = False  # recompute each block's activations in the backward pass (gradient checkpointing)
-    attention_impl: str = "reference"  # "reference" (txjax.ops), "xla" or "cudnn" (jax.nn.dot_product_attention; cudnn: NVIDIA GPU only)
-    causal_block_size: int | None = 64  # causal self-attention in query blocks of ~this size that skip the masked keys above the diagonal; None: one block (cudnn: never blocked, its kernel skips them itself)
 
     family: ClassVar[str] = "transformer"
 
@@ -60,17 +89,13 @@ class TransformerConfig:
             ("position", POSITIONS),
             ("norm", NORMS),
             ("norm_position", NORM_POSITIONS),
-            ("activation", ACTIVATIONS),
+            ("activation", tuple(ACTIVATIONS)),
             ("dtype", DTYPES),
-            ("attention_impl", ATTENTION_IMPLS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
                     f"{type(self).__name__}.{name}={getattr(self, name)!r} is not one of {allowed}"
                 )
-        if self.causal_block_size is not None and (
-                not isinstance(self.causal_block_size, int) or self.causal_block_size < 1):
-            raise ValueError(f"causal_block_size must be a positive int or None, got {self.causal_block_size!r}")
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
@@ -162,9 +187,13 @@ class T5Config(TransformerConfig):
         ), **changes})
 
 
+EXECUTION_FIELDS = tuple(f.name for f in dataclasses.fields(ExecutionConfig))
+
+
 def config_from_dict(d: dict) -> TransformerConfig:
-    """Inverse of `to_dict`."""
-    d = dict(d)
+    """Inverse of `to_dict`. Execution fields, which run folders written before they had their
+    own config kept in the model's, are dropped: they never changed what a model computes."""
+    d = {k: v for k, v in d.items() if k not in EXECUTION_FIELDS}
     family = d.pop("family")
     classes = {c.family: c for c in (GPTConfig, BertConfig, T5Config)}
     if family not in classes:

@@ -8,7 +8,8 @@ temperature, then top-k, then top-p (nucleus), the order Hugging Face uses.
   (prefill); each iteration then feeds one token (the last one written) and samples
   the next, over a `KVCache` of T + max_new_tokens - 1 slots;
 - use_cache=False (the baseline): every iteration runs the full forward over a
-  [B, T + max_new_tokens] buffer whose unwritten tail the causal mask hides.
+  [B, T + max_new_tokens] buffer whose unwritten tail the causal mask hides (the same
+  `decode_step`, on an empty cache as long as the buffer).
 
 The model is split once per call (`nnx.split`) and a function of (graphdef, state)
 is jitted, so a second call with the same shapes and settings reuses the compiled
@@ -101,21 +102,22 @@ def sample_logits(
 )
 def _generate_loop(graphdef, state, source_BS, prefix_BT, key, *, max_new_tokens, temperature,
                    top_k, top_p, use_cache, eos_id, pad_id):
-    """The compiled decode: prefix_BT -> [B, T + max_new_tokens] (T5: source_BS is the encoder input)."""
+    """The compiled decode: prefix_BT -> [B, T + max_new_tokens] (T5: source_BS is the encoder input).
+
+    Both paths run the model's one forward through `decode_step`: with the cache, each
+    iteration feeds one token over the cache; without, each feeds the whole buffer to an
+    empty cache of the buffer's length (the full forward, recomputed every step).
+    """
     model = nnx.merge(graphdef, state)
     b, t = prefix_BT.shape
     fill = 0 if pad_id is None else pad_id
     buffer_BL = jnp.full((b, t + max_new_tokens), fill, jnp.int32).at[:, :t].set(prefix_BT)
-    if use_cache:
-        # The last token ever fed sits at position t + max_new_tokens - 2.
-        length = t + max_new_tokens - 1
-        cache = model.init_cache(source_BS, length) if isinstance(model, T5) else model.init_cache(b, length)
-        if t > 1:  # prefill all but the last prompt token; the loop feeds that one
-            _, cache = model.decode_step(prefix_BT[:, :-1], cache)
-    else:
-        cache = None
-        if isinstance(model, T5):
-            enc_BSD = model.encode(source_BS)
+    # With the cache, the last token ever fed sits at position t + max_new_tokens - 2.
+    length = t + max_new_tokens - (1 if use_cache else 0)
+    empty = model.init_cache(b, length) if source_BS is None else model.init_cache(source_BS, length)
+    cache = empty
+    if use_cache and t > 1:  # prefill all but the last prompt token; the loop feeds that one
+        _, cache = model.decode_step(prefix_BT[:, :-1], cache)
 
     def logits_after(buffer_BL, cache, last):
         """Logits for position last + 1, given the tokens up to `last` (fed: `last` only)."""
@@ -123,7 +125,7 @@ def _generate_loop(graphdef, state, source_BS, prefix_BT, key, *, max_new_tokens
             token_B1 = jax.lax.dynamic_slice_in_dim(buffer_BL, last, 1, axis=1)
             logits_B1V, cache = model.decode_step(token_B1, cache)
             return logits_B1V[:, 0], cache
-        logits_BLV = model.decode(buffer_BL, enc_BSD, source_BS) if isinstance(model, T5) else model(buffer_BL)
+        logits_BLV, _ = model.decode_step(buffer_BL, empty)
         return jax.lax.dynamic_index_in_dim(logits_BLV, last, axis=1, keepdims=False), cache
 
     def cond(carry):

@@ -7,44 +7,45 @@ import jax.numpy as jnp
 from flax import nnx
 
 from txjax import ops
-from txjax.config import BertConfig
+from txjax.config import BertConfig, ExecutionConfig
 from txjax.nn import Embed, TransformerStack, check_tokens, make_norm
-from txjax.nn.layers import ACTIVATIONS, INIT, Dense
+from txjax.nn.layers import Dense, dense_kwargs
 
 
 class MLMHead(nnx.Module):
     """BERT's transform (dense, activation, norm) then the tied decoder plus a bias."""
 
-    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs, execution: ExecutionConfig):
         self.activation = config.activation
-        self.dense = Dense(config.d_model, config.d_model, kernel_init=INIT, dtype=config.dtype,
-                                rngs=rngs)
+        self.dense = Dense(config.d_model, config.d_model, **dense_kwargs(config, execution, rngs, use_bias=True))
         self.norm = make_norm(config)
         self.bias = nnx.Param(jnp.zeros((config.vocab_size,)))
 
     def __call__(self, h_BTD: jax.Array, embed: Embed) -> jax.Array:
-        h_BTD = self.norm(ACTIVATIONS[self.activation](self.dense(h_BTD)))
+        h_BTD = self.norm(ops.ACTIVATIONS[self.activation](self.dense(h_BTD)))
         return embed.attend(h_BTD) + self.bias[...][None, None, :]
 
 
 class Bert(nnx.Module):
-    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None,
+                 execution: ExecutionConfig | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
+        execution = ExecutionConfig() if execution is None else execution
         self.config = config
         self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.segments = Embed(config.type_vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.embed_norm = make_norm(config) if config.embedding_norm else None
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs)
-        self.mlm = MLMHead(config, rngs=rngs)
+        self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs,
+                                        execution=execution)
+        self.mlm = MLMHead(config, rngs=rngs, execution=execution)
 
-    def mask(self, tokens_BT: jax.Array) -> jax.Array | None:
-        if self.config.pad_id is None:
-            return None
-        return ops.padding_mask(tokens_BT, self.config.pad_id)
+    def valid(self, tokens_BT: jax.Array) -> jax.Array | None:
+        """False at [PAD] tokens, whose keys no query sees; None without a pad id."""
+        return None if self.config.pad_id is None else tokens_BT != self.config.pad_id
 
-    def encode(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        """Contextual embeddings h_BTD (before the MLM head)."""
+    def embed_tokens(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
+        """Token + segment + absolute position embeddings, normed: what enters the first block."""
         check_tokens(tokens_BT, self.config.vocab_size)
         if segment_ids_BT is None:
             segment_ids_BT = jnp.zeros_like(tokens_BT)
@@ -57,9 +58,13 @@ class Bert(nnx.Module):
         positions_T = jnp.arange(tokens_BT.shape[1])
         x_BTD = self.embed(tokens_BT) + self.segments(segment_ids_BT)
         x_BTD = self.encoder.embed_positions(x_BTD, positions_T)
-        if self.embed_norm is not None:
-            x_BTD = self.embed_norm(x_BTD)
-        return self.encoder(self.dropout(x_BTD), self.mask(tokens_BT), positions_T)
+        return x_BTD if self.embed_norm is None else self.embed_norm(x_BTD)
+
+    def encode(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
+        """Contextual embeddings h_BTD (before the MLM head)."""
+        x_BTD = self.embed_tokens(tokens_BT, segment_ids_BT)
+        positions_T = jnp.arange(tokens_BT.shape[1])
+        return self.encoder(self.dropout(x_BTD), positions_T, valid_BT=self.valid(tokens_BT))[0]
 
     def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
         """tokens_BT -> mlm_logits_BTV."""

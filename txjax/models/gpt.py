@@ -6,44 +6,45 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from txjax import ops
-from txjax.config import GPTConfig
-from txjax.nn import Embed, TransformerStack, check_tokens
-from txjax.nn.blocks import KVCache
-from txjax.nn.layers import INIT, Dense
+from txjax.config import ExecutionConfig, GPTConfig
+from txjax.nn import Embed, KVCache, TransformerStack, check_tokens
+from txjax.nn.layers import Dense, dense_kwargs
 
 
 class GPT(nnx.Module):
-    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs | None = None):
+    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs | None = None,
+                 execution: ExecutionConfig | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
+        execution = ExecutionConfig() if execution is None else execution
         self.config = config
         self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.decoder = TransformerStack(config, config.num_layers, causal=True, cross=False, rngs=rngs)
-        self.head = (
-            None if config.tie_embeddings
-            else Dense(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT,
-                            dtype=config.dtype, rngs=rngs)
-        )
+        self.decoder = TransformerStack(config, config.num_layers, causal=True, cross=False, rngs=rngs,
+                                        execution=execution)
+        self.head = None if config.tie_embeddings else Dense(
+            config.d_model, config.vocab_size, **dense_kwargs(config, execution, rngs, use_bias=False))
 
-    def mask(self, tokens_BT: jax.Array) -> jax.Array:
-        """Causal, and padding where the config names a pad id."""
-        mask = ops.causal_mask(tokens_BT.shape[1])
-        if self.config.pad_id is not None:
-            mask = mask & ops.padding_mask(tokens_BT, self.config.pad_id)
-        return mask
+    def valid(self, tokens_BT: jax.Array) -> jax.Array | None:
+        """False at pad tokens, whose keys no query sees; None without a pad id."""
+        return None if self.config.pad_id is None else tokens_BT != self.config.pad_id
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:
         """float32 logits (the head may compute in bfloat16)."""
         return self.embed.attend(h_BTD) if self.head is None else self.head(h_BTD).astype(jnp.float32)
 
     def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-        """tokens_BT -> logits_BTV; position t sees tokens 0..t only."""
+        """tokens_BT -> logits_BTV; position t sees tokens 0..t only (and no pad key)."""
+        return self.forward(tokens_BT)[0]
+
+    def forward(self, tokens_BT: jax.Array, cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """(logits_BTV, cache): the whole sequence, or (with a cache) the T tokens after it."""
         check_tokens(tokens_BT, self.config.vocab_size)
-        positions_T = jnp.arange(tokens_BT.shape[1])
+        positions_T = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
+        if cache is not None:
+            positions_T = cache.index + positions_T
         x_BTD = self.decoder.embed_positions(self.embed(tokens_BT), positions_T)
-        h_BTD = self.decoder(self.dropout(x_BTD), self.mask(tokens_BT), positions_T)
-        return self.logits(h_BTD)
+        h_BTD, cache = self.decoder(self.dropout(x_BTD), positions_T, valid_BT=self.valid(tokens_BT), cache=cache)
+        return self.logits(h_BTD), cache
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
         """An empty KV cache of `max_len` slots per layer for `decode_step`."""
@@ -58,9 +59,4 @@ class GPT(nnx.Module):
         positions; only the new tokens go through the stack. Feed a prompt at once
         (prefill), then one token per step.
         """
-        check_tokens(tokens_BT, self.config.vocab_size)
-        positions_T = cache.index + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
-        x_BTD = self.decoder.embed_positions(self.embed(tokens_BT), positions_T)
-        valid_BT = None if self.config.pad_id is None else tokens_BT != self.config.pad_id
-        h_BTD, cache = self.decoder.decode_step(self.dropout(x_BTD), cache, valid_BT)
-        return self.logits(h_BTD), cache
+        return self.forward(tokens_BT, cache)

@@ -6,38 +6,37 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from txjax import ops
-from txjax.config import T5Config
-from txjax.nn import Embed, TransformerStack, check_tokens
-from txjax.nn.blocks import KVCache
-from txjax.nn.layers import INIT, Dense
+from txjax.config import ExecutionConfig, T5Config
+from txjax.nn import Embed, KVCache, TransformerStack, check_tokens
+from txjax.nn.layers import Dense, dense_kwargs
 
 
 class T5(nnx.Module):
-    def __init__(self, config: T5Config, *, rngs: nnx.Rngs | None = None):
+    def __init__(self, config: T5Config, *, rngs: nnx.Rngs | None = None,
+                 execution: ExecutionConfig | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
+        execution = ExecutionConfig() if execution is None else execution
         self.config = config
         self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs)
-        self.decoder = TransformerStack(config, config.decoder_layers, causal=True, cross=True, rngs=rngs)
-        self.head = (
-            None if config.tie_embeddings
-            else Dense(config.d_model, config.vocab_size, use_bias=False, kernel_init=INIT,
-                            dtype=config.dtype, rngs=rngs)
-        )
+        self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs,
+                                        execution=execution)
+        self.decoder = TransformerStack(config, config.decoder_layers, causal=True, cross=True, rngs=rngs,
+                                        execution=execution)
+        self.head = None if config.tie_embeddings else Dense(
+            config.d_model, config.vocab_size, **dense_kwargs(config, execution, rngs, use_bias=False))
 
-    def encoder_mask(self, enc_tokens_BS: jax.Array) -> jax.Array | None:
-        if self.config.pad_id is None:
-            return None
-        return ops.padding_mask(enc_tokens_BS, self.config.pad_id)
+    def encoder_valid(self, enc_tokens_BS: jax.Array) -> jax.Array | None:
+        """False at <pad> encoder tokens, whose keys no query sees; None without a pad id."""
+        return None if self.config.pad_id is None else enc_tokens_BS != self.config.pad_id
 
     def encode(self, enc_tokens_BS: jax.Array) -> jax.Array:
         """enc_tokens_BS -> enc_BSD, the final (normed) encoder output."""
         check_tokens(enc_tokens_BS, self.config.vocab_size, "encoder tokens")
         positions_S = jnp.arange(enc_tokens_BS.shape[1])
         x_BSD = self.encoder.embed_positions(self.embed(enc_tokens_BS), positions_S)
-        return self.dropout(self.encoder(self.dropout(x_BSD), self.encoder_mask(enc_tokens_BS), positions_S))
+        h_BSD, _ = self.encoder(self.dropout(x_BSD), positions_S, valid_BT=self.encoder_valid(enc_tokens_BS))
+        return self.dropout(h_BSD)
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:
         if self.head is not None:
@@ -45,23 +44,28 @@ class T5(nnx.Module):
         # T5 rescales before a tied head so logits keep the scale of an untied one.
         return self.embed.attend(h_BTD * self.config.d_model**-0.5)
 
+    def forward_decoder(self, dec_tokens_BT: jax.Array, *, enc_BSD: jax.Array | None = None,
+                        enc_valid_BS: jax.Array | None = None,
+                        cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """(logits_BTV, cache): the decoder over the whole sequence and enc_BSD, or (with a cache
+        from `init_cache`) the T tokens after what it holds."""
+        check_tokens(dec_tokens_BT, self.config.vocab_size, "decoder tokens")
+        positions_T = jnp.arange(dec_tokens_BT.shape[1], dtype=jnp.int32)
+        if cache is not None:
+            positions_T = cache.index + positions_T
+        x_BTD = self.decoder.embed_positions(self.embed(dec_tokens_BT), positions_T)
+        h_BTD, cache = self.decoder(self.dropout(x_BTD), positions_T, enc_BSD=enc_BSD,
+                                    enc_valid_BS=enc_valid_BS, cache=cache)
+        return self.logits(self.dropout(h_BTD)), cache
+
     def decode(self, dec_tokens_BT: jax.Array, enc_BSD: jax.Array, enc_tokens_BS: jax.Array) -> jax.Array:
         """Decoder logits given the encoder output; enc_tokens_BS gives the cross padding mask."""
-        check_tokens(dec_tokens_BT, self.config.vocab_size, "decoder tokens")
         if enc_BSD.ndim != 3 or enc_BSD.shape[0] != dec_tokens_BT.shape[0]:
             raise ValueError(
                 f"encoder output {enc_BSD.shape} does not match decoder tokens {dec_tokens_BT.shape}"
             )
-        positions_T = jnp.arange(dec_tokens_BT.shape[1])
-        x_BTD = self.decoder.embed_positions(self.embed(dec_tokens_BT), positions_T)
-        h_BTD = self.decoder(
-            self.dropout(x_BTD),
-            ops.causal_mask(dec_tokens_BT.shape[1]),
-            positions_T,
-            enc_BSD,
-            self.encoder_mask(enc_tokens_BS),
-        )
-        return self.logits(self.dropout(h_BTD))
+        return self.forward_decoder(dec_tokens_BT, enc_BSD=enc_BSD,
+                                    enc_valid_BS=self.encoder_valid(enc_tokens_BS))[0]
 
     def init_cache(self, enc_tokens_BS: jax.Array, max_len: int, dtype=None) -> KVCache:
         """Encode once and cache what the decoder needs from it, for `decode_step`.
@@ -72,23 +76,20 @@ class T5(nnx.Module):
         c = self.config
         enc_BSD = self.encode(enc_tokens_BS)
         cross = [block.cross_attn.project_kv(enc_BSD) for block in self.decoder.blocks]
+        valid_BS = self.encoder_valid(enc_tokens_BS)
         dtype = self.embed.embedding.dtype if dtype is None else dtype
         return KVCache.zeros(
             c.decoder_layers, enc_tokens_BS.shape[0], max_len, c.num_heads, c.head_size, dtype,
             cross_k=tuple(k for k, _ in cross),
             cross_v=tuple(v for _, v in cross),
-            cross_mask=self.encoder_mask(enc_tokens_BS),
+            cross_mask=None if valid_BS is None else valid_BS[:, None, None, :],
         )
 
     def decode_step(self, dec_tokens_BT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """(dec_tokens_BT, cache) -> (logits_BTV, cache), as `decode` at positions index .. index + T - 1."""
-        check_tokens(dec_tokens_BT, self.config.vocab_size, "decoder tokens")
         if cache.cross_k is None:
             raise ValueError("T5.decode_step needs a cache from T5.init_cache(enc_tokens_BS, max_len)")
-        positions_T = cache.index + jnp.arange(dec_tokens_BT.shape[1], dtype=jnp.int32)
-        x_BTD = self.decoder.embed_positions(self.embed(dec_tokens_BT), positions_T)
-        h_BTD, cache = self.decoder.decode_step(self.dropout(x_BTD), cache)
-        return self.logits(self.dropout(h_BTD)), cache
+        return self.forward_decoder(dec_tokens_BT, cache=cache)
 
     def __call__(self, enc_tokens_BS: jax.Array, dec_tokens_BT: jax.Array) -> jax.Array:
         """(enc_tokens_BS, dec_tokens_BT) -> logits_BTV."""

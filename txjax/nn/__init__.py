@@ -1,23 +1,16 @@
 """Flax NNX modules: they own parameters and call `txjax.ops`."""
 
-from txjax.nn.blocks import TransformerBlock, TransformerStack
-from txjax.nn.layers import (
-    Dense,
-    Embed,
-    FeedForward,
-    LayerNorm,
-    MultiHeadAttention,
-    Positions,
-    RelativePositionBias,
-    RMSNorm,
-    check_tokens,
-    make_norm,
-)
+from txjax.nn.attention import LayerCache, MultiHeadAttention
+from txjax.nn.blocks import KVCache, TransformerBlock, TransformerStack
+from txjax.nn.layers import Dense, Embed, FeedForward, LayerNorm, RMSNorm, check_tokens, make_norm
+from txjax.nn.positions import Positions, RelativePositionBias
 
 __all__ = [
     "Dense",
     "Embed",
     "FeedForward",
+    "KVCache",
+    "LayerCache",
     "LayerNorm",
     "MultiHeadAttention",
     "Positions",

@@ -1,4 +1,4 @@
-"""Transformer block and stack: the one block serves encoder, decoder and cross-attention."""
+"""Transformer block and stack: one `__call__` each, for a whole sequence or new tokens over a cache."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from txjax import ops
-from txjax.config import TransformerConfig
-from txjax.nn.layers import FeedForward, MultiHeadAttention, Positions, is_concrete, make_norm
+from txjax.config import ExecutionConfig, TransformerConfig
+from txjax.nn.attention import LayerCache, MultiHeadAttention
+from txjax.nn.layers import FeedForward, is_concrete, make_norm
+from txjax.nn.positions import Positions
 
 
 @struct.dataclass
@@ -49,6 +51,11 @@ class KVCache:
     def max_len(self) -> int:
         return self.k[0].shape[1]
 
+    def layer(self, i: int) -> tuple[LayerCache, LayerCache | None]:
+        """Layer i's self-attention cache (written at `index`) and its fixed cross-attention keys."""
+        cross = None if self.cross_k is None else LayerCache(self.cross_k[i], self.cross_v[i])
+        return LayerCache(self.k[i], self.v[i], self.index), cross
+
 
 class TransformerBlock(nnx.Module):
     """Self-attention, optional cross-attention, feed-forward; each a residual branch.
@@ -57,182 +64,157 @@ class TransformerBlock(nnx.Module):
     post-norm: x = norm(x + f(x))     (write normalised; the original Transformer, BERT)
     """
 
-    def __init__(self, config: TransformerConfig, *, cross: bool, rngs: nnx.Rngs, causal: bool = False):
+    def __init__(self, config: TransformerConfig, *, cross: bool, rngs: nnx.Rngs, causal: bool = False,
+                 execution: ExecutionConfig = ExecutionConfig()):
         self.pre = config.norm_position == "pre"
         # Only a causal stack's self-attention may skip the keys above the diagonal.
-        self.causal_block_size = (config.causal_block_size
-                                  if causal and config.attention_impl != "cudnn" else None)
-        self.self_attn = MultiHeadAttention(config, rngs=rngs)
+        self.causal_block_size = (execution.causal_block_size
+                                  if causal and execution.attention_impl != "cudnn" else None)
+        self.self_attn = MultiHeadAttention(config, rngs=rngs, execution=execution)
         self.self_norm = make_norm(config)
-        self.cross_attn = MultiHeadAttention(config, rngs=rngs) if cross else None
+        self.cross_attn = MultiHeadAttention(config, rngs=rngs, execution=execution) if cross else None
         self.cross_norm = make_norm(config) if cross else None
-        self.ffn = FeedForward(config, rngs=rngs)
+        self.ffn = FeedForward(config, rngs=rngs, execution=execution)
         self.ffn_norm = make_norm(config)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
-    def _residual(self, x, norm, branch):
-        if self.pre:
-            return x + self.dropout(branch(norm(x)))
-        return norm(x + self.dropout(branch(x)))
-
-    def _read(self, x, norm):
-        return norm(x) if self.pre else x
-
-    def _write(self, x, norm, out):
-        return x + self.dropout(out) if self.pre else norm(x + self.dropout(out))
+    def _residual(self, x_BTD, norm, branch):
+        """(x + f(norm(x)), aux) pre-norm, (norm(x + f(x)), aux) post-norm; branch(h) -> (f(h), aux)."""
+        out_BTD, aux = branch(norm(x_BTD) if self.pre else x_BTD)
+        x_BTD = x_BTD + self.dropout(out_BTD)
+        return (x_BTD if self.pre else norm(x_BTD)), aux
 
     def __call__(
         self,
         x_BTD: jax.Array,
-        self_bias: jax.Array | None,
-        rope_positions: tuple[jax.Array, jax.Array] | None = None,
+        bias: jax.Array | None,
+        *,
+        rope_positions: jax.Array | None = None,
         enc_BSD: jax.Array | None = None,
         cross_bias: jax.Array | None = None,
-    ) -> jax.Array:
-        x_BTD = self._residual(
-            x_BTD, self.self_norm,
-            lambda h: self.self_attn(h, None, self_bias, rope_positions, self.causal_block_size),
-        )
+        cache: LayerCache | None = None,
+        cross_cache: LayerCache | None = None,
+    ) -> tuple[jax.Array, LayerCache | None]:
+        """(x_BTD, cache): `cache` comes back with the new keys and values written.
+
+        Cross-attention reads enc_BSD, or the encoder keys already in `cross_cache`.
+        """
+        blocks = self.causal_block_size if cache is None else None
+        x_BTD, cache = self._residual(x_BTD, self.self_norm, lambda h: self.self_attn(
+            h, bias, rope_positions=rope_positions, cache=cache, causal_block_size=blocks))
         if self.cross_attn is not None:
-            if enc_BSD is None:
-                raise ValueError("a cross-attending block needs the encoder output")
-            x_BTD = self._residual(
-                x_BTD, self.cross_norm, lambda h: self.cross_attn(h, enc_BSD, cross_bias)
-            )
-        return self._residual(x_BTD, self.ffn_norm, self.ffn)
-
-    def decode_step(
-        self,
-        x_BTD: jax.Array,
-        k_cache_BSNH: jax.Array,
-        v_cache_BSNH: jax.Array,
-        index: jax.Array,
-        self_bias: jax.Array | None,
-        rope_positions_T: jax.Array | None = None,
-        cross_kv: tuple[jax.Array, jax.Array] | None = None,
-        cross_bias: jax.Array | None = None,
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """`__call__` for T new tokens over this layer's cache -> (x_BTD, k_cache, v_cache)."""
-        out_BTD, k_cache_BSNH, v_cache_BSNH = self.self_attn.decode_step(
-            self._read(x_BTD, self.self_norm), k_cache_BSNH, v_cache_BSNH, index, self_bias,
-            rope_positions_T,
-        )
-        x_BTD = self._write(x_BTD, self.self_norm, out_BTD)
-        if self.cross_attn is not None:
-            if cross_kv is None:
-                raise ValueError("a cross-attending block needs the cached encoder keys and values")
-            x_BTD = self._residual(
-                x_BTD, self.cross_norm, lambda h: self.cross_attn.attend(h, *cross_kv, cross_bias)
-            )
-        return self._residual(x_BTD, self.ffn_norm, self.ffn), k_cache_BSNH, v_cache_BSNH
+            if enc_BSD is None and cross_cache is None:
+                raise ValueError("a cross-attending block needs the encoder output or its cached keys")
+            x_BTD, _ = self._residual(x_BTD, self.cross_norm, lambda h: self.cross_attn(
+                h, cross_bias, kv_BSD=enc_BSD, cache=cross_cache))
+        x_BTD, _ = self._residual(x_BTD, self.ffn_norm, lambda h: (self.ffn(h), None))
+        return x_BTD, cache
 
 
-def remat_block(block: TransformerBlock, *args) -> jax.Array:
-    """`block(*args)` under `jax.checkpoint`: the backward pass recomputes the block's
-    activations from its input instead of storing them (gradient checkpointing).
+def remat_block(block: TransformerBlock, x_BTD: jax.Array, bias, **kwargs):
+    """`block(x_BTD, bias, **kwargs)` under `jax.checkpoint`: the backward pass recomputes the
+    block's activations from its input instead of storing them (gradient checkpointing).
 
     The block is split into (graphdef, state) and merged inside the checkpointed
     function, so its dropout RNG counts advance exactly as without remat.
     """
     graphdef, state = nnx.split(block)
 
-    def run(state, *args):
+    def run(state, x_BTD, bias, kwargs):
         inner = nnx.merge(graphdef, state)
-        return inner(*args), nnx.state(inner)
+        return inner(x_BTD, bias, **kwargs), nnx.state(inner)
 
-    out_BTD, state = jax.checkpoint(run)(state, *args)
+    out, state = jax.checkpoint(run)(state, x_BTD, bias, kwargs)
     nnx.update(block, state)
-    return out_BTD
+    return out
 
 
 class TransformerStack(nnx.Module):
     """Positions, `num_layers` blocks and (pre-norm) a final norm.
 
-    The stack turns the boolean mask into the additive bias, once, and adds the
-    relative bias (T5, ALiBi) of its own `positions` module, shared by every layer
-    as in T5. Cross-attention gets only the encoder padding mask: no position signal
-    crosses from one sequence to another.
+    The stack builds the attention masks (`ops.attention_mask`), turns them into the
+    additive bias once, and adds the relative bias (T5, ALiBi) of its own `positions`
+    module, shared by every layer as in T5. Cross-attention gets only the encoder
+    padding mask: no position signal crosses from one sequence to another.
     """
 
     def __init__(self, config: TransformerConfig, num_layers: int, *, causal: bool, cross: bool,
-                 rngs: nnx.Rngs):
+                 rngs: nnx.Rngs, execution: ExecutionConfig = ExecutionConfig()):
         self.causal = causal
-        self.remat = config.remat
+        self.remat = execution.remat
         self.positions = Positions(config, bidirectional=not causal, rngs=rngs)
-        self.blocks = nnx.List(
-            [TransformerBlock(config, cross=cross, causal=causal, rngs=rngs) for _ in range(num_layers)]
-        )
+        self.blocks = nnx.List([
+            TransformerBlock(config, cross=cross, causal=causal, rngs=rngs, execution=execution)
+            for _ in range(num_layers)
+        ])
         self.final_norm = make_norm(config) if config.norm_position == "pre" else None
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+
+    def _with_new_tokens(self, cache: KVCache, t: int, valid_BT: jax.Array | None) -> KVCache:
+        """The cache with the validity of T new tokens at slots index .. index + T - 1."""
+        if not self.causal:
+            raise ValueError("a cache needs a causal stack; an encoder has none")
+        s = cache.max_len
+        if t > s or (is_concrete(cache.index) and int(cache.index) + t > s):
+            raise ValueError(f"{t} new tokens do not fit the cache of {s} slots (index {cache.index})")
+        if valid_BT is None:
+            valid_BT = jnp.ones((cache.valid_BS.shape[0], t), bool)
+        return cache.replace(
+            valid_BS=jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT, (0, cache.index)))
+
+    def self_bias(self, q_positions_T, k_positions_S, k_valid_BS=None) -> jax.Array | None:
+        """The additive self-attention bias: the mask as 0 / -inf plus the relative bias, if any."""
+        mask = ops.attention_mask(q_positions_T, k_positions_S, causal=self.causal, k_valid_BS=k_valid_BS)
+        bias = None if mask is None else ops.mask_to_bias(mask)
+        relative = self.positions.attention_bias(q_positions_T, k_positions_S)
+        if relative is not None:
+            bias = relative if bias is None else bias + relative
+        return bias
 
     def __call__(
         self,
         x_BTD: jax.Array,
-        mask: jax.Array | None,
         positions_T: jax.Array,
+        *,
+        valid_BT: jax.Array | None = None,
         enc_BSD: jax.Array | None = None,
-        cross_mask: jax.Array | None = None,
-    ) -> jax.Array:
-        """x_BTD already holds token (+ absolute position) embeddings; mask is bool [B|1, 1, T, T]."""
-        bias = None if mask is None else ops.mask_to_bias(mask)
-        relative = self.positions.attention_bias(positions_T, positions_T)
-        if relative is not None:
-            bias = relative if bias is None else bias + relative
-        rope = (positions_T, positions_T) if self.positions.rope else None
-        cross_bias = None if cross_mask is None else ops.mask_to_bias(cross_mask)
-        for block in self.blocks:
-            if self.remat:
-                x_BTD = remat_block(block, x_BTD, bias, rope, enc_BSD, cross_bias)
-            else:
-                x_BTD = block(x_BTD, bias, rope, enc_BSD, cross_bias)
-        if self.final_norm is not None:
-            x_BTD = self.final_norm(x_BTD)
-        return x_BTD
+        enc_valid_BS: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """(h_BTD, cache) for x_BTD, the embedded tokens (absolute positions already added).
 
-    def decode_step(
-        self, x_BTD: jax.Array, cache: KVCache, valid_BT: jax.Array | None = None
-    ) -> tuple[jax.Array, KVCache]:
-        """Run T new tokens (embedded, positions added) through the stack over `cache`.
-
-        Query t sits at position index + t and sees cache slot s iff s <= index + t and
-        the slot holds a non-pad token (`valid_BT` marks the new ones; None: all valid),
-        so stale or empty slots never leak in. Relative biases (T5, ALiBi) are computed
-        for these query rows against every slot position; RoPE rotates the new queries
-        and keys at their positions. Returns the (final-normed) hidden states and the
-        cache with the new keys and values written and `index` advanced by T.
+        positions_T: the tokens' positions. valid_BT: False at pad tokens, whose keys are
+        hidden (None: all real). enc_BSD / enc_valid_BS: the encoder output a
+        cross-attending stack reads, and its real (non-pad) keys.
+        cache: the T tokens sit at positions index .. index + T - 1 of a causal stack's
+        cache and query t sees slot s iff s <= index + t and the slot holds a real token,
+        so stale or empty slots never leak in; the cache comes back with their keys and
+        values written and `index` advanced by T.
         """
-        if not self.causal:
-            raise ValueError("decode_step needs a causal stack; an encoder has no cache")
-        t, s = x_BTD.shape[1], cache.max_len
-        if t > s or (is_concrete(cache.index) and int(cache.index) + t > s):
-            raise ValueError(
-                f"{t} new tokens do not fit the cache of {s} slots (index {cache.index})"
-            )
-        if valid_BT is None:
-            valid_BT = jnp.ones((x_BTD.shape[0], t), bool)
-        cache = cache.replace(
-            valid_BS=jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT, (0, cache.index))
-        )
-        q_positions_T = cache.index + jnp.arange(t, dtype=jnp.int32)
-        k_positions_S = jnp.arange(s, dtype=jnp.int32)
-        causal_1TS = (k_positions_S[None, :] <= q_positions_T[:, None])[None]
-        bias = ops.mask_to_bias(causal_1TS[:, None] & cache.valid_BS[:, None, None, :])
-        relative = self.positions.attention_bias(q_positions_T, k_positions_S)
-        if relative is not None:
-            bias = bias + relative
-        rope = q_positions_T if self.positions.rope else None
-        cross_bias = None if cache.cross_mask is None else ops.mask_to_bias(cache.cross_mask)
-        ks, vs = [], []
+        if cache is None:
+            k_positions_S, k_valid_BS = positions_T, valid_BT
+            cross_mask = None if enc_valid_BS is None else enc_valid_BS[:, None, None, :]
+        else:
+            cache = self._with_new_tokens(cache, x_BTD.shape[1], valid_BT)
+            k_positions_S, k_valid_BS = jnp.arange(cache.max_len, dtype=jnp.int32), cache.valid_BS
+            cross_mask = cache.cross_mask
+        bias = self.self_bias(positions_T, k_positions_S, k_valid_BS)
+        cross_bias = None if cross_mask is None else ops.mask_to_bias(cross_mask)
+        kwargs = dict(rope_positions=positions_T if self.positions.rope else None,
+                      enc_BSD=enc_BSD, cross_bias=cross_bias)
+        layers = []
         for i, block in enumerate(self.blocks):
-            cross_kv = None if cache.cross_k is None else (cache.cross_k[i], cache.cross_v[i])
-            x_BTD, k, v = block.decode_step(
-                x_BTD, cache.k[i], cache.v[i], cache.index, bias, rope, cross_kv, cross_bias
-            )
-            ks.append(k)
-            vs.append(v)
+            if cache is None and self.remat:
+                x_BTD, layer = remat_block(block, x_BTD, bias, **kwargs)
+            else:
+                self_cache, cross_cache = (None, None) if cache is None else cache.layer(i)
+                x_BTD, layer = block(x_BTD, bias, **kwargs, cache=self_cache, cross_cache=cross_cache)
+            layers.append(layer)
         if self.final_norm is not None:
             x_BTD = self.final_norm(x_BTD)
-        return x_BTD, cache.replace(k=tuple(ks), v=tuple(vs), index=cache.index + t)
+        if cache is not None:
+            cache = cache.replace(k=tuple(c.k_BSNH for c in layers), v=tuple(c.v_BSNH for c in layers),
+                                  index=cache.index + x_BTD.shape[1])
+        return x_BTD, cache
 
     def embed_positions(self, x_BTD: jax.Array, positions_T: jax.Array) -> jax.Array:
         """Add the absolute position table (learned, sinusoidal) if there is one."""

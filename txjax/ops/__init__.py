@@ -14,9 +14,14 @@ Shape suffixes, used everywhere in txjax:
 so `q_BTNH` is queries of shape [batch, query length, heads, head width] and
 `bias_BNTS` an additive attention bias. Masks are booleans (True = may attend)
 until `mask_to_bias`, the one place that makes `-inf`.
+
+These are the plain formulas. `txjax.ops.xla_cpu` has `dense` and `dot_product_attention`
+with the same values and the backward pass in the form XLA:CPU runs fast; the execution
+config, not these functions, chooses between them.
 """
 
 from txjax.ops.attention import (
+    attention_mask,
     attention_weights,
     causal_mask,
     dot_product_attention,
@@ -26,7 +31,8 @@ from txjax.ops.attention import (
     split_heads,
 )
 from txjax.ops.losses import cross_entropy, token_nll
-from txjax.ops.matmul import cpu_nn_grads, dense
+from txjax.ops.activations import ACTIVATIONS, gelu
+from txjax.ops.linear import dense
 from txjax.ops.norms import layer_norm, rms_norm
 from txjax.ops.positions import (
     alibi_bias,
@@ -37,15 +43,17 @@ from txjax.ops.positions import (
 )
 
 __all__ = [
+    "ACTIVATIONS",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "attention_mask",
     "attention_weights",
     "causal_mask",
-    "cpu_nn_grads",
     "cross_entropy",
     "dense",
     "dot_product_attention",
+    "gelu",
     "layer_norm",
     "mask_to_bias",
     "merge_heads",

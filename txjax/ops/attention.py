@@ -8,7 +8,6 @@ import einops
 import jax
 import jax.numpy as jnp
 
-from txjax.ops.matmul import cpu_nn_grads, matmul_nn, matmul_nt
 
 
 def causal_mask(t: int, s: int | None = None) -> jax.Array:
@@ -31,6 +30,23 @@ def padding_mask(tokens_BS: jax.Array, pad_id: int) -> jax.Array:
     if tokens_BS.ndim != 2:
         raise ValueError(f"padding_mask: tokens must be [B, S], got shape {tokens_BS.shape}")
     return (tokens_BS != pad_id)[:, None, None, :]
+
+
+def attention_mask(q_positions_T: jax.Array, k_positions_S: jax.Array, *, causal: bool,
+                   k_valid_BS: jax.Array | None = None) -> jax.Array | None:
+    """bool[B|1, 1, T, S], True where query t may see key s; None when every key is visible.
+
+    causal: key position <= query position. `k_valid_BS` False hides key s (padding, or a
+    cache slot not yet written). Every self-attention mask of the models is built here,
+    for a whole sequence (positions 0..T-1 both) and for T new tokens over a cache alike.
+    """
+    mask = None
+    if causal:
+        mask = (jnp.asarray(k_positions_S)[None, :] <= jnp.asarray(q_positions_T)[:, None])[None, None]
+    if k_valid_BS is not None:
+        valid_B11S = k_valid_BS[:, None, None, :]
+        mask = valid_B11S if mask is None else mask & valid_B11S
+    return mask
 
 
 def mask_to_bias(mask: jax.Array, dtype=jnp.float32) -> jax.Array:
@@ -60,25 +76,20 @@ def _check_qk(q_BTNH: jax.Array, k_BSNH: jax.Array) -> None:
         )
 
 
-def _scores(q_BNTH: jax.Array, k_BNSH: jax.Array) -> jax.Array:
-    """q k^T in float32. On CPU in float32, dk = dS^T q is taken as (q^T dS)^T: XLA:CPU ran
-    autodiff's form, which contracts the query rows, on Eigen at a third of the speed of the
-    YNNPACK-fused dots (see txjax.ops.matmul). Likewise dv = P^T dO in `_mix`."""
-    if cpu_nn_grads(q_BNTH, k_BNSH):
-        return matmul_nt(q_BNTH, k_BNSH)
+def scores(q_BNTH: jax.Array, k_BNSH: jax.Array) -> jax.Array:
+    """q k^T per head, in float32: [B, N, T, S]."""
     return jnp.einsum("BNTH,BNSH->BNTS", q_BNTH, k_BNSH, preferred_element_type=jnp.float32)
 
 
-def _mix(weights_BNTS: jax.Array, v_BNSH: jax.Array) -> jax.Array:
-    weights_BNTS = weights_BNTS.astype(v_BNSH.dtype)
-    if cpu_nn_grads(weights_BNTS, v_BNSH):
-        return matmul_nn(weights_BNTS, v_BNSH)
-    return jnp.einsum("BNTS,BNSH->BNTH", weights_BNTS, v_BNSH)
+def mix(weights_BNTS: jax.Array, v_BNSH: jax.Array) -> jax.Array:
+    """The attention weights applied to the values: [B, N, T, H] in v's dtype."""
+    return jnp.einsum("BNTS,BNSH->BNTH", weights_BNTS.astype(v_BNSH.dtype), v_BNSH)
 
 
-def _softmax_weights(q_BNTH: jax.Array, k_BNSH: jax.Array, bias: jax.Array | None, scale: float) -> jax.Array:
+def _softmax_weights(q_BNTH: jax.Array, k_BNSH: jax.Array, bias: jax.Array | None, scale: float,
+                     qk=scores) -> jax.Array:
     """The weights from heads-major q and k: each head's [T, H] and [S, H] are contiguous."""
-    scores_BNTS = _scores(q_BNTH, k_BNSH) * scale
+    scores_BNTS = qk(q_BNTH, k_BNSH) * scale
     if bias is not None:
         scores_BNTS = scores_BNTS + bias.astype(jnp.float32)
     max_BNT1 = jnp.max(scores_BNTS, axis=-1, keepdims=True)
@@ -114,6 +125,7 @@ def attention_weights(
 
 
 IMPLEMENTATIONS = ("reference", "xla", "cudnn")
+"""The `implementation` choices of `dot_product_attention` (and of ExecutionConfig.attention_impl)."""
 
 
 def _block_bias(bias_BNTS: jax.Array, t0: int, t1: int) -> jax.Array:
@@ -144,10 +156,8 @@ def dot_product_attention(
     `mask_to_bias(causal & padding)`, a T5 relative bias and an ALiBi bias.
     `scale` defaults to 1/sqrt(H); T5 checkpoints use 1.0. Softmax runs in
     float32; the output has v's dtype. `implementation`: "reference" (the
-    formula written out here) or "xla" (`jax.nn.dot_product_attention`).
-    The reference moves q, k, v to heads-major [B, N, T, H] once, so that every
-    head's matrices are contiguous for the batched matmuls (XLA:CPU ran
-    `BNTS,BSNH->BTNH` on the strided layout at half speed).
+    formula written out here, `reference_attention`) or "xla" / "cudnn"
+    (`jax.nn.dot_product_attention`).
 
     `causal_block_size`: the caller promises the bias hides every key after its
     query (causal, S == T). The queries are then cut into blocks of about this
@@ -166,12 +176,25 @@ def dot_product_attention(
         return xla_dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, implementation)
     if implementation != "reference":
         raise ValueError(f"attention implementation {implementation!r} is not one of {IMPLEMENTATIONS}")
+    return reference_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size)
+
+
+def reference_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, causal_block_size=None, *,
+                        qk=scores, pv=mix) -> jax.Array:
+    """The formula, with q k^T and P v as `qk` and `pv` (txjax.ops.xla_cpu passes its own forms).
+
+    q, k, v move to heads-major [B, N, T, H] once, so that every head's matrices are
+    contiguous for the batched matmuls (XLA:CPU ran `BNTS,BSNH->BTNH` on the strided
+    layout at half speed).
+    """
+    if v_BSNH.shape != k_BSNH.shape:
+        raise ValueError(f"attention: k {k_BSNH.shape} and v {v_BSNH.shape} must have one shape")
     _check_qk(q_BTNH, k_BSNH)
     scale = _default_scale(q_BTNH, scale)
     q_BNTH, k_BNSH, v_BNSH = (_heads_major(x) for x in (q_BTNH, k_BSNH, v_BSNH))
 
     def attend(q_BNTH, k_BNSH, v_BNSH, bias):
-        return _mix(_softmax_weights(q_BNTH, k_BNSH, bias, scale), v_BNSH)
+        return pv(_softmax_weights(q_BNTH, k_BNSH, bias, scale, qk), v_BNSH)
 
     t = q_BTNH.shape[1]
     if causal_block_size is not None and t > causal_block_size:

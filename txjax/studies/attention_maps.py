@@ -42,44 +42,36 @@ class AttentionMapConfig:
 
 
 def stack_and_inputs(model, tokens_BT: jax.Array):
-    """(stack, x_BTD entering its first block, bool mask or None, positions_T) for GPT, BERT or T5's encoder."""
+    """(stack, x_BTD entering its first block, valid_BT or None, positions_T) for GPT, BERT or T5's encoder."""
     positions_T = jnp.arange(tokens_BT.shape[1])
     if isinstance(model, GPT):
         x = model.decoder.embed_positions(model.embed(tokens_BT), positions_T)
-        return model.decoder, x, model.mask(tokens_BT), positions_T
+        return model.decoder, x, model.valid(tokens_BT), positions_T
     if isinstance(model, Bert):
-        x = model.embed(tokens_BT) + model.segments(jnp.zeros_like(tokens_BT))
-        x = model.encoder.embed_positions(x, positions_T)
-        if model.embed_norm is not None:
-            x = model.embed_norm(x)
-        return model.encoder, x, model.mask(tokens_BT), positions_T
+        return model.encoder, model.embed_tokens(tokens_BT), model.valid(tokens_BT), positions_T
     if isinstance(model, T5):
         x = model.encoder.embed_positions(model.embed(tokens_BT), positions_T)
-        return model.encoder, x, model.encoder_mask(tokens_BT), positions_T
+        return model.encoder, x, model.encoder_valid(tokens_BT), positions_T
     raise TypeError(f"attention maps need a GPT, Bert or T5, got {type(model).__name__}")
 
 
 def layer_attention(model, tokens_BT: jax.Array, layer: int) -> jax.Array:
-    """weights_BNTS of self-attention in block `layer` (dropout is not applied: use an eval model)."""
-    stack, x_BTD, mask, positions_T = stack_and_inputs(model, tokens_BT)
+    """weights_BNTS of self-attention in block `layer` (dropout is not applied: use an eval model).
+
+    The blocks below run as in the model; block `layer`'s queries and keys come from its own
+    `qkv`, so the weights are those its `__call__` applies.
+    """
+    stack, x_BTD, valid_BT, positions_T = stack_and_inputs(model, tokens_BT)
     if not 0 <= layer < len(stack.blocks):
         raise ValueError(f"layer {layer} is outside 0 .. {len(stack.blocks) - 1}")
-    bias = None if mask is None else ops.mask_to_bias(mask)
-    relative = stack.positions.attention_bias(positions_T, positions_T)
-    if relative is not None:
-        bias = relative if bias is None else bias + relative
-    rope = (positions_T, positions_T) if stack.positions.rope else None
+    bias = stack.self_bias(positions_T, positions_T, valid_BT)
+    rope = positions_T if stack.positions.rope else None
     for block in stack.blocks[:layer]:
-        x_BTD = block(x_BTD, bias, rope)
+        x_BTD, _ = block(x_BTD, bias, rope_positions=rope)
     block = stack.blocks[layer]
     h_BTD = block.self_norm(x_BTD) if block.pre else x_BTD
-    attn = block.self_attn
-    q_BTNH = ops.split_heads(attn.q(h_BTD), attn.num_heads)
-    k_BSNH, _ = attn.project_kv(h_BTD)
-    if rope is not None:
-        q_BTNH = ops.apply_rope(q_BTNH, positions_T, attn.rope_base)
-        k_BSNH = ops.apply_rope(k_BSNH, positions_T, attn.rope_base)
-    return ops.attention_weights(q_BTNH, k_BSNH, bias, attn.scale)
+    q_BTNH, k_BSNH, _, _ = block.self_attn.qkv(h_BTD, rope_positions=rope)
+    return ops.attention_weights(q_BTNH, k_BSNH, bias, block.self_attn.scale)
 
 
 def plot_heads(weights_NTS: np.ndarray, labels: list[str], path: str | Path, title: str) -> Path:

@@ -1,13 +1,15 @@
-"""Matmuls whose gradients XLA:CPU runs fast: the weight-side gradient in [M, K] @ [K, N] form.
+"""The matmul gradients in the form XLA:CPU runs fast; chosen by `ExecutionConfig.grad_forms`.
 
 Autodiff of y = x w writes dw = x^T dy, a dot that contracts the rows of its left operand
 (the token axis). XLA:CPU gives that form to Eigen, or first copies the wider operand
-transposed, while the plain [M, K] @ [K, N] form goes to its YNNPACK fusions. So on CPU in
-float32 the custom VJPs here (`matmul_nn`, `matmul_nt`, their weight-side gradient
-`matmul_tn`) copy the *narrower* operand transposed (x^T, or dy^T and then transpose the
-small result) and never leave the rows contracted. `dense` and the attention matmuls in
-`txjax.ops.attention` (dk = dS^T q, dv = P^T dO) use them. Elsewhere (GPU, TPU, other dtypes)
-autodiff's gradient is kept: there the transposed forms cost nothing.
+transposed, while the plain [M, K] @ [K, N] form goes to its YNNPACK fusions. The custom
+VJPs here (`matmul_nn`, `matmul_nt`, their weight-side gradient `matmul_tn`) copy the
+*narrower* operand transposed (x^T, or dy^T and then transpose the small result) and never
+leave the rows contracted. `dense` and `dot_product_attention` are `txjax.ops`' functions
+with these matmuls (for attention: dk = dS^T q and dv = P^T dO); the values are the same,
+only the backward pass's form differs. They are for float32 on XLA:CPU: for any other dtype
+they return the plain ops' result (on GPU and TPU the transposed forms cost nothing, so
+`txjax.nn` picks these only on the CPU; see txjax.config.ExecutionConfig).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from txjax.ops import attention, linear
 
-def cpu_nn_grads(*xs: jax.Array) -> bool:
-    """Whether to use the custom VJPs: XLA:CPU, and every operand float32."""
-    return jax.default_backend() == "cpu" and all(x.dtype == jnp.float32 for x in xs)
+
+def _float32(*xs: jax.Array) -> bool:
+    return all(x.dtype == jnp.float32 for x in xs)
 
 
 def swap_copy(x: jax.Array) -> jax.Array:
@@ -75,13 +78,23 @@ matmul_nt.defvjp(_nt_fwd, _nt_bwd)
 
 
 def dense(x: jax.Array, kernel_DF: jax.Array, bias_F: jax.Array | None = None) -> jax.Array:
-    """x [..., D] @ kernel [D, F] + bias [F], as `nnx.Linear` computes it.
-
-    On CPU in float32 the leading axes are flattened into one token axis M and the kernel's
-    gradient is taken in the fast form (module docstring); the values are the same.
-    """
-    if cpu_nn_grads(x, kernel_DF):
-        y = matmul_nn(x.reshape(-1, x.shape[-1]), kernel_DF).reshape(*x.shape[:-1], kernel_DF.shape[1])
-    else:
-        y = jnp.einsum("...D,DF->...F", x, kernel_DF)
+    """x [..., D] @ kernel [D, F] + bias [F], as `txjax.ops.dense`; in float32 the leading axes
+    are flattened into one token axis M and the kernel's gradient is `matmul_tn`."""
+    if not _float32(x, kernel_DF):
+        return linear.dense(x, kernel_DF, bias_F)
+    y = matmul_nn(x.reshape(-1, x.shape[-1]), kernel_DF).reshape(*x.shape[:-1], kernel_DF.shape[1])
     return y if bias_F is None else y + jnp.reshape(bias_F, (1,) * (y.ndim - 1) + (-1,))
+
+
+def _pv(weights_BNTS: jax.Array, v_BNSH: jax.Array) -> jax.Array:
+    return matmul_nn(weights_BNTS.astype(v_BNSH.dtype), v_BNSH)
+
+
+def dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, implementation="reference",
+                          causal_block_size=None) -> jax.Array:
+    """`txjax.ops.dot_product_attention`, its reference formula with the custom-VJP matmuls."""
+    if implementation != "reference" or not _float32(q_BTNH, k_BSNH, v_BSNH):
+        return attention.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, implementation,
+                                               causal_block_size)
+    return attention.reference_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size,
+                                         qk=matmul_nt, pv=_pv)
