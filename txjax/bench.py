@@ -299,8 +299,6 @@ def main(argv=None) -> dict:
     return result
 
 
-if __name__ == "__main__":
-    main()
 
 
 def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: str | None = None) -> dict:
@@ -328,3 +326,10 @@ def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: st
     }
     out["peak"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
     return out
+
+
+if __name__ == "__main__":
+    from txjax.hostmem import reuse_host_memory
+
+    reuse_host_memory()  # before JAX runs anything: see txjax/hostmem.py
+    main()
