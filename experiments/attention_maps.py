@@ -43,4 +43,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    from txjax.hostmem import reuse_host_memory
+
+    reuse_host_memory()  # before JAX runs anything: see txjax/hostmem.py
     main(sys.argv[1:])

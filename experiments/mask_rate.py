@@ -47,4 +47,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    from txjax.hostmem import reuse_host_memory
+
+    reuse_host_memory()  # before JAX runs anything: see txjax/hostmem.py
     main(sys.argv[1:])

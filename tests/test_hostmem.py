@@ -14,11 +14,15 @@ pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 
 # A small GPT train step (its XLA temp buffer is ~34 MB, above glibc's 32 MB mmap
-# ceiling): page faults of each warm step, and the temp buffer's size in pages.
+# ceiling): page faults of each warm step, and the temp buffer's size in pages. The
+# process imports everything first and then, as the entry points do in their
+# `__main__` block, calls `reuse_host_memory()` (or, with argv[1] "import", does not).
 PROBE = """
-import json, resource
+import json, resource, sys
 import txjax, jax
-from txjax import bench
+from txjax import bench, hostmem
+if sys.argv[1] == "call":
+    hostmem.reuse_host_memory()
 from txjax.train.config import TrainConfig
 from txjax.train.steps import LOSSES, Stepper
 config = bench.config_from_args(bench.parse_args(
@@ -37,12 +41,12 @@ print(json.dumps({"temp_pages": temp // 4096, "faults": faults[3:]}))
 """
 
 
-def step_faults(malloc_env: str | None) -> tuple[int, list[int]]:
+def step_faults(malloc_env: str | None, mode: str = "call") -> tuple[int, list[int]]:
     env = {k: v for k, v in os.environ.items() if k != hostmem.ENV}
     if malloc_env is not None:
         env[hostmem.ENV] = malloc_env
     env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], env=env, capture_output=True, text=True,
                          check=True, timeout=300)
     result = json.loads(out.stdout.splitlines()[-1])
     return result["temp_pages"], sorted(result["faults"])
@@ -57,6 +61,12 @@ def test_warm_train_steps_reuse_their_scratch_pages():
 def test_opt_out_leaves_glibc_faulting_the_scratch_buffer_in_every_step():
     # The contrast that shows the probe measures the buffer: ~every page, every step.
     pages, faults = step_faults("default")
+    assert faults[0] > 0.9 * pages
+
+
+def test_importing_txjax_alone_leaves_malloc_alone():
+    # No import-time effect: without the entry points' explicit call, glibc's default stays.
+    pages, faults = step_faults(None, mode="import")
     assert faults[0] > 0.9 * pages
 
 

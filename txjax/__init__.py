@@ -1,9 +1,5 @@
 """txjax: BERT, GPT and T5 from pure JAX functions, composed into Flax NNX modules."""
 
-from txjax.hostmem import reuse_host_memory
-
-reuse_host_memory()  # before JAX starts its threads; see txjax.hostmem
-
 from txjax.config import BertConfig, GPTConfig, T5Config, TransformerConfig
 from txjax.models import GPT, T5, Bert
 from txjax.decoding import generate

@@ -31,8 +31,10 @@ from flax import nnx
 
 from txjax import cost
 from txjax.config import BertConfig, GPTConfig, T5Config, TransformerConfig
+from txjax.models import MODELS
 
-CONFIGS = {"gpt": GPTConfig, "bert": BertConfig, "t5": T5Config}
+CONFIGS = {cls.family: cls for cls in (GPTConfig, BertConfig, T5Config)}
+"""config.family -> config class, keyed by each class's own `family` (models: txjax.models.MODELS)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +113,7 @@ def make_batch(config: TransformerConfig, batch: int, seq: int, seed: int = 0) -
 
 
 def build_model(config: TransformerConfig, seed: int = 0):
-    from txjax.models import GPT, T5, Bert
-
-    return {"gpt": GPT, "bert": Bert, "t5": T5}[config.family](config, rngs=nnx.Rngs(seed))
+    return MODELS[config.family](config, rngs=nnx.Rngs(seed))
 
 
 def bench_train(config: TransformerConfig, bench: BenchConfig) -> dict:
@@ -221,7 +221,7 @@ def format_table(config: TransformerConfig, result: dict) -> str:
     rows = [
         f"train step: {c.family}  V {c.vocab_size}  T {result['seq']}  D {c.d_model}  N {c.num_heads}  "
         f"L {c.num_layers}  F {c.d_ff}  B {result['batch']}  {result['dtype']}  attention "
-        f"{getattr(c, 'attention_impl', 'reference')}",
+        f"{c.attention_impl}",
         f"backend {result['backend']} ({result['devices']}), params {result['params']:,}, "
         f"compile {result['compile_s']:.1f} s",
         "",
@@ -272,16 +272,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def config_from_args(args: argparse.Namespace) -> TransformerConfig:
     fields = dict(vocab_size=args.vocab, max_len=args.seq, d_model=args.d_model, num_heads=args.heads,
-                  num_layers=args.layers, d_ff=args.d_ff, dtype=args.dtype)
-    cls = CONFIGS[args.arch]
-    if "attention_impl" in {f.name for f in dataclasses.fields(cls)}:
-        fields["attention_impl"] = args.attention
-    elif args.attention != "reference":
-        raise SystemExit("this txjax has no attention_impl switch")
+                  num_layers=args.layers, d_ff=args.d_ff, dtype=args.dtype, attention_impl=args.attention)
     if args.causal_block_size != "config":
         fields["causal_block_size"] = (None if args.causal_block_size.lower() == "none"
                                        else int(args.causal_block_size))
-    return cls(**fields)
+    return CONFIGS[args.arch](**fields)
 
 
 def main(argv=None) -> dict:
@@ -299,8 +294,6 @@ def main(argv=None) -> dict:
     return result
 
 
-if __name__ == "__main__":
-    main()
 
 
 def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: str | None = None) -> dict:
@@ -328,3 +321,10 @@ def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: st
     }
     out["peak"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
     return out
+
+
+if __name__ == "__main__":
+    from txjax.hostmem import reuse_host_memory
+
+    reuse_host_memory()  # before JAX runs anything: see txjax/hostmem.py
+    main()

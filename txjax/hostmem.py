@@ -9,10 +9,13 @@ never mmaps and never trims, the freed buffer stays mapped and the next run gets
 same pages back: the step took 0.80 of the time (589 vs 736 ms, median of 5 runs each,
 2 cores), at the price of compiling ~9% slower (XLA's compiler threads share the arena).
 
-`import txjax` calls `reuse_host_memory()` before JAX has started its threads; a
-thread that already holds an arena keeps it, so calling it after JAX ran a
-computation does little. The cost: memory once used is not returned to the OS until
-the process exits. `TXJAX_MALLOC=default` in the environment leaves malloc alone, and so
+Nothing calls it at import: the entry points that train or time steps do, first thing
+in `if __name__ == "__main__":` (every experiments/*.py script, `python -m txjax.bench`),
+before JAX has run anything — importing jax starts none of XLA's threads, running a
+computation does, and a thread that already holds an arena keeps it. Notebooks and
+other programs opt in the same way: `txjax.hostmem.reuse_host_memory()` before their
+first computation. The cost: memory once used is not returned to the OS until the
+process exits. `TXJAX_MALLOC=default` in the environment leaves malloc alone, and so
 does a GPU or TPU plugin being installed (unless `JAX_PLATFORMS` starts with cpu): the
 trade is for XLA:CPU only.
 """

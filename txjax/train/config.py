@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+PARALLELISMS = ("none", "dp", "fsdp")
+"""TrainConfig.parallelism: one device; data parallel; data parallel with sharded state (txjax.train.sharding)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -50,10 +53,8 @@ class TrainConfig:
         for name in ("b1", "b2", "min_lr_ratio"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"TrainConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if self.parallelism not in ("none", "dp", "fsdp"):
-            raise ValueError(
-                f"TrainConfig.parallelism={self.parallelism!r} is not one of ('none', 'dp', 'fsdp')"
-            )
+        if self.parallelism not in PARALLELISMS:
+            raise ValueError(f"TrainConfig.parallelism={self.parallelism!r} is not one of {PARALLELISMS}")
         if self.batch_size % self.grad_accum:
             raise ValueError(
                 f"TrainConfig.batch_size={self.batch_size} is not divisible by "

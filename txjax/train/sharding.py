@@ -24,10 +24,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-PARALLELISMS = ("none", "dp", "fsdp")
-"""TrainConfig.parallelism: one device; data parallel; data parallel with sharded state."""
+from txjax.train.config import PARALLELISMS  # defined once, beside TrainConfig.parallelism
 
 AXIS = "data"
+SHARDED = tuple(p for p in PARALLELISMS if p != "none")
+"""The parallelisms that lay state and batches out over a mesh (a Layout's modes)."""
 
 
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -83,8 +84,8 @@ class Layout:
     mode: str
 
     def __post_init__(self):
-        if self.mode not in ("dp", "fsdp"):
-            raise ValueError(f"sharding mode {self.mode!r} is not 'dp' or 'fsdp'")
+        if self.mode not in SHARDED:
+            raise ValueError(f"sharding mode {self.mode!r} is not {' or '.join(map(repr, SHARDED))}")
         if self.mesh.axis_names != (AXIS,):
             raise ValueError(f"the mesh must have one axis named {AXIS!r}, got {self.mesh.axis_names}")
 
