@@ -11,6 +11,7 @@ Martin's attention chapter). GPT and BERT are supported, and T5's encoder.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from pathlib import Path
 
@@ -20,8 +21,9 @@ import numpy as np
 
 from txjax import GPT, T5, Bert, ops
 from txjax.config import GPTConfig
-from txjax.studies.common import fit, init_params, pyplot
+from txjax.studies.common import init_params, pyplot
 from txjax.train.config import TrainConfig
+from txjax.train.loop import fit
 from txjax.train.steps import Stepper, gpt_loss
 
 
@@ -121,11 +123,14 @@ def train_char_gpt(model_cfg: GPTConfig, train_cfg: TrainConfig, cfg: AttentionM
     train_cfg = train_cfg.replace(steps=max(cfg.train_steps, 1))
     stepper = Stepper(GPT(model_cfg), gpt_loss, train_cfg)
     t0 = time.time()
-    state, curve = fit(stepper, init_params(GPT, model_cfg, train_cfg.seed),
-                       lm_batches(train_ids, model_cfg.max_len, train_cfg.batch_size, train_cfg.seed),
-                       cfg.train_steps, train_cfg.seed) if cfg.train_steps else (stepper.init_state(), [(0, float("nan"))])
+    state, loss = stepper.init_state(), float("nan")
+    if cfg.train_steps:
+        batch_fn = lm_batches(train_ids, model_cfg.max_len, train_cfg.batch_size, train_cfg.seed)
+        state, summary = fit(stepper, stepper.init_state(init_params(GPT, model_cfg, train_cfg.seed)),
+                             map(batch_fn, itertools.count()), key=jax.random.key(train_cfg.seed))
+        loss = summary["train_loss"]
     log(f"trained a {model_cfg.position} char GPT on {name} for {cfg.train_steps} steps in {time.time() - t0:.0f}s, "
-        f"final loss {curve[-1][1]:.3f} nats")
+        f"final loss {loss:.3f} nats")
     return stepper.model(state.params), tok
 
 

@@ -11,17 +11,18 @@ the signal each rate buys per step.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from txjax import Bert, T5
 from txjax.config import BertConfig, T5Config
 from txjax.data import BatchIterator, IGNORE_INDEX, pack_tokens
 from txjax.studies.common import (
-    fit,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -33,6 +34,7 @@ from txjax.studies.common import (
     write_outputs,
 )
 from txjax.train.config import TrainConfig
+from txjax.train.loop import fit
 from txjax.train.steps import Stepper, bert_loss, t5_loss
 from txjax.train.text import TextRunConfig, bert_rows, corpus_split, mlm_transform, span_transform, t5_lengths
 
@@ -132,11 +134,12 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                     return b
 
                 t0 = time.time()
-                state, curve = fit(stepper, init_params(model_cls, cfg, seed), batch_fn, train_cfg.steps, seed)
+                state, summary = fit(stepper, stepper.init_state(init_params(model_cls, cfg, seed)),
+                                     map(batch_fn, itertools.count()), key=jax.random.key(seed))
                 ev = stepper.evaluate(state.params, held_batches)
                 r = {"family": family, "rate": rate, "seed": seed, "heldout_loss": ev["loss"],
                      "heldout_accuracy": ev["accuracy"], "heldout_tokens": ev["tokens"],
-                     "predicted_tokens_per_step": float(np.mean(counts)), "train_loss": curve[-1][1],
+                     "predicted_tokens_per_step": float(np.mean(counts)), "train_loss": summary["train_loss"],
                      "wall_s": round(time.time() - t0, 1)}
                 runs.append(r)
                 log(f"{family} p={rate:.2f} seed {seed}: held-out@15% loss {r['heldout_loss']:.3f} "
