@@ -22,6 +22,9 @@ import numpy as np
 from txjax import GPT, T5, Bert, ops
 from txjax.config import GPTConfig
 from txjax.studies.common import init_params, pyplot
+from txjax.studies.length import LengthStudyConfig, corpus_ids, lm_batches
+from txjax.tasks.sample import load_run
+from txjax.tasks.text import tokenizer_from_meta
 from txjax.train.config import TrainConfig
 from txjax.train.loop import fit
 from txjax.train.steps import Stepper, gpt_loss
@@ -35,7 +38,7 @@ class AttentionMapConfig:
     text: str = "ROMEO: But soft, what light through yonder window breaks?"  # the input, one token per character
     layer: int = 0  # the block whose self-attention is drawn (0 = first)
     train_steps: int = 300  # without run_dir: steps of the char GPT trained on the corpus
-    corpus: str | None = None  # without run_dir: a corpus file or name; None: tinyshakespeare beside the repo if there, else the packaged excerpt
+    corpus: str | None = None  # without run_dir: a corpus file or name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)
     out: str = "docs/results/attention_maps/attention_layer0.png"  # the PNG to write
 
     def __post_init__(self):
@@ -114,8 +117,6 @@ def plot_heads(weights_NTS: np.ndarray, labels: list[str], path: str | Path, tit
 
 def train_char_gpt(model_cfg: GPTConfig, train_cfg: TrainConfig, cfg: AttentionMapConfig, log=print):
     """(model, tokenizer): a char GPT trained for cfg.train_steps on the corpus (the length study's data)."""
-    from txjax.studies.length import LengthStudyConfig, corpus_ids, lm_batches
-
     study = LengthStudyConfig(corpus=cfg.corpus, train_len=model_cfg.max_len, multiples="1",
                               eval_tokens=model_cfg.max_len)
     tok, train_ids, _, name = corpus_ids(study)
@@ -137,9 +138,6 @@ def train_char_gpt(model_cfg: GPTConfig, train_cfg: TrainConfig, cfg: AttentionM
 def draw(model_cfg: GPTConfig, train_cfg: TrainConfig, cfg: AttentionMapConfig, log=print) -> Path:
     """Load or train the model, encode cfg.text, and write the PNG of layer cfg.layer."""
     if cfg.run_dir is not None:
-        from txjax.train.sample import load_run
-        from txjax.train.text import tokenizer_from_meta
-
         model, meta, step = load_run(cfg.run_dir)
         if "tokenizer" not in meta:
             raise ValueError(f"{cfg.run_dir} has no character tokenizer in its metadata")

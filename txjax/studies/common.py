@@ -79,8 +79,9 @@ def write_outputs(out_dir: str | os.PathLike, result: dict, summary: Sequence[di
 
 
 def git_revision() -> str:
-    """The checkout's HEAD commit, with '+dirty' when tracked files differ; 'unknown' outside git."""
-    root = Path(__file__).resolve().parent.parent.parent
+    """The HEAD commit of the checkout holding this package, with '+dirty' when tracked files differ;
+    'unknown' outside git (git finds the checkout from the package folder up)."""
+    root = Path(__file__).resolve().parent
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              check=True, timeout=10).stdout.strip()

@@ -54,7 +54,7 @@ LN2 = math.log(2.0)
 class LengthStudyConfig:
     """What the length-extrapolation study trains, scores and writes."""
 
-    corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: ../shared/data/tinyshakespeare.txt beside the repo if there, else the packaged excerpt
+    corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)
     positions: str = ",".join(POSITIONS)  # comma-separated position encodings to compare
     seeds: int = 3  # seeds per encoding (0 .. seeds-1); mean ± std over them
     train_len: int = 64  # L: training window, and the size of a learned position table
