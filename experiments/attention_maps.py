@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from _local_data import or_local  # experiments/_local_data.py: ../shared/data beside the repo
 from txjax.config import GPTConfig
 from txjax.studies.attention_maps import AttentionMapConfig, draw
 from txjax.train.cli import build_parser, parse_configs
@@ -39,7 +40,7 @@ def make_parser(configs):
 
 def main(argv=None):
     _, cfg = parse_configs(make_parser, PRESETS, argv, "cpu")
-    return draw(cfg["model"], cfg["train"], cfg["maps"])
+    return draw(cfg["model"], cfg["train"], or_local(cfg["maps"], "corpus", "tinyshakespeare.txt"))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from _local_data import or_local  # experiments/_local_data.py: ../shared/data beside the repo
 from txjax.studies.mask_rate import MaskRateConfig, run_study
 from txjax.train.cli import build_parser, parse_configs
 from txjax.train.config import TrainConfig
@@ -43,7 +44,7 @@ def make_parser(configs):
 
 def main(argv=None) -> dict:
     _, cfg = parse_configs(make_parser, PRESETS, argv, "cpu")
-    return run_study(cfg["train"], cfg["study"])
+    return run_study(cfg["train"], or_local(cfg["study"], "corpus", "tinyshakespeare.txt"))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python experiments/sample.py --run runs/gpt_mnist_cpu --temperature 0.8
     python experiments/sample.py --run runs/t5_spans_cpu --prompt "To be, or not to b_"
 
-Intentionally kept short: the logic lives in txjax.train.sample.
+Intentionally kept short: the logic lives in txjax.tasks.sample.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from txjax.train.checkpoint import CheckpointMismatch
 from txjax.train.cli import build_parser, parse_configs
 from txjax.train.experiment import fail
-from txjax.train.sample import SampleConfig, sample_from_run
+from txjax.tasks.sample import SampleConfig, sample_from_run
 
 
 def make_parser(configs):

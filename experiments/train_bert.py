@@ -3,7 +3,7 @@
     python experiments/train_bert.py --preset cpu
     python experiments/train_bert.py --help
 
-Intentionally kept short: the logic lives in txjax.train.text, where tests reach it.
+Intentionally kept short: the logic lives in txjax.tasks.mlm, where tests reach it.
 The vocabulary size and special ids come from the tokenizer, not from the flags.
 """
 
@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import sys
 
+from _local_data import or_local  # experiments/_local_data.py: ../shared/data beside the repo
 from txjax.config import BertConfig
+from txjax.tasks.mlm import run_bert
+from txjax.tasks.text import TextRunConfig
 from txjax.train.checkpoint import CheckpointMismatch
 from txjax.train.cli import build_parser, parse_configs
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import cpu_hint, fail
 from txjax.train.loop import NonFiniteLoss, RunDirError
-from txjax.train.text import TextRunConfig, run_bert
 
 PRESETS = {
     # Sized for one accelerator: 6 layers, D 384.
@@ -49,8 +51,9 @@ def make_parser(configs):
 def main(argv=None) -> dict:
     preset, cfg = parse_configs(make_parser, PRESETS, argv, "default")
     cpu_hint(preset)
+    run = or_local(cfg["run"], "corpus", "tinyshakespeare.txt")
     try:
-        return run_bert(cfg["model"], cfg["train"], cfg["run"])
+        return run_bert(cfg["model"], cfg["train"], run)
     except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
         fail(str(err))
 

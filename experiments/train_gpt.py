@@ -3,20 +3,21 @@
     python experiments/train_gpt.py --preset cpu     # ~15 min on 2 CPU cores
     python experiments/train_gpt.py --help           # every flag, with its default
 
-Intentionally kept short: the logic lives in txjax.train.mnist, where tests reach it.
+Intentionally kept short: the logic lives in txjax.tasks.mnist, where tests reach it.
 """
 
 from __future__ import annotations
 
 import sys
 
+from _local_data import or_local  # experiments/_local_data.py: ../shared/data beside the repo
 from txjax.config import GPTConfig
+from txjax.tasks.mnist import MnistRunConfig, run_gpt_mnist
+from txjax.train.checkpoint import CheckpointMismatch
 from txjax.train.cli import build_parser, parse_configs
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import cpu_hint, fail
 from txjax.train.loop import NonFiniteLoss, RunDirError
-from txjax.train.checkpoint import CheckpointMismatch
-from txjax.train.mnist import MnistRunConfig, run_gpt_mnist
 
 PRESETS = {
     # Sized for one accelerator: 6.4M parameters, 12,000 steps of 128 images (25 epochs).
@@ -51,8 +52,9 @@ def make_parser(configs):
 def main(argv=None) -> dict:
     preset, cfg = parse_configs(make_parser, PRESETS, argv, "default")
     cpu_hint(preset)
+    run = or_local(cfg["run"], "data", "mnist.npz")
     try:
-        return run_gpt_mnist(cfg["model"], cfg["train"], cfg["run"])
+        return run_gpt_mnist(cfg["model"], cfg["train"], run)
     except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
         fail(str(err))
 

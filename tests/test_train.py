@@ -14,7 +14,7 @@ from txjax.ops import cross_entropy
 from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
-from txjax.train.loop import NonFiniteLoss, RunDirError, prepare_run_dir, read_metrics
+from txjax.train.loop import NonFiniteLoss, RunDirError, fit, prepare_run_dir, read_metrics
 from txjax.train.optim import decay_mask, make_schedule
 from txjax.train.steps import Stepper, gpt_loss, token_sums
 
@@ -159,6 +159,39 @@ def test_checkpoint_round_trip(tmp_path):
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
+
+
+def test_restore_params_reads_only_the_parameters(tmp_path):
+    cfg = TrainConfig(batch_size=8, warmup_steps=0, steps=5)
+    stepper = Stepper(tiny_model(), gpt_loss, cfg)
+    state, _ = stepper.train_step(stepper.init_state(), shift(random_rows(8)), jax.random.key(0))
+    ck = Checkpointer(tmp_path / "ck")
+    ck.save(1, state, {"note": "x"})
+    ck.close()
+    ck = Checkpointer(tmp_path / "ck", read_only=True)
+    params = ck.restore_params(nnx.state(tiny_model(seed=1), nnx.Param))  # another init: only the tree counts
+    ck.close()
+    assert jax.tree.structure(params) == jax.tree.structure(state.params)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_fit_without_a_run_folder_follows_the_same_trajectory(tmp_path):
+    cfg = TrainConfig(batch_size=8, warmup_steps=1, steps=4, progress=False, log_every=1)
+    stepper = Stepper(tiny_model(dropout=0.1), gpt_loss, cfg)
+    batches = BatchIterator(random_rows(48), cfg.batch_size, seed=cfg.seed, transform=shift)
+    ck = Checkpointer(tmp_path / "ck")
+    state, summary = fit(stepper, stepper.init_state(), batches, run_dir=prepare_run_dir(tmp_path / "run"),
+                         checkpointer=ck, meta={})
+    ck.close()
+    # No run folder, no checkpoints: any iterator of batches (here one without a data position).
+    plain = iter(BatchIterator(random_rows(48), cfg.batch_size, seed=cfg.seed, transform=shift))
+    stepper2 = Stepper(tiny_model(dropout=0.1), gpt_loss, cfg)
+    state2, summary2 = fit(stepper2, stepper2.init_state(), (next(plain) for _ in range(cfg.steps)))
+    assert summary2["steps"] == summary["steps"] == 4
+    assert summary2["train_loss"] == summary["train_loss"]
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(state2.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 def _run(tmp_path, name, cfg, stop_at=None, loss_fn=gpt_loss, batches=None, model=None):
     if batches is None:

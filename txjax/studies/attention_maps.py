@@ -11,6 +11,7 @@ Martin's attention chapter). GPT and BERT are supported, and T5's encoder.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from pathlib import Path
 
@@ -20,8 +21,12 @@ import numpy as np
 
 from txjax import GPT, T5, Bert, ops
 from txjax.config import GPTConfig
-from txjax.studies.common import fit, init_params, pyplot
+from txjax.studies.common import init_params, pyplot
+from txjax.studies.length import LengthStudyConfig, corpus_ids, lm_batches
+from txjax.tasks.sample import load_run
+from txjax.tasks.text import tokenizer_from_meta
 from txjax.train.config import TrainConfig
+from txjax.train.loop import fit
 from txjax.train.steps import Stepper, gpt_loss
 
 
@@ -33,7 +38,7 @@ class AttentionMapConfig:
     text: str = "ROMEO: But soft, what light through yonder window breaks?"  # the input, one token per character
     layer: int = 0  # the block whose self-attention is drawn (0 = first)
     train_steps: int = 300  # without run_dir: steps of the char GPT trained on the corpus
-    corpus: str | None = None  # without run_dir: a corpus file or name; None: tinyshakespeare beside the repo if there, else the packaged excerpt
+    corpus: str | None = None  # without run_dir: a corpus file or name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)
     out: str = "docs/results/attention_maps/attention_layer0.png"  # the PNG to write
 
     def __post_init__(self):
@@ -104,8 +109,6 @@ def plot_heads(weights_NTS: np.ndarray, labels: list[str], path: str | Path, tit
 
 def train_char_gpt(model_cfg: GPTConfig, train_cfg: TrainConfig, cfg: AttentionMapConfig, log=print):
     """(model, tokenizer): a char GPT trained for cfg.train_steps on the corpus (the length study's data)."""
-    from txjax.studies.length import LengthStudyConfig, corpus_ids, lm_batches
-
     study = LengthStudyConfig(corpus=cfg.corpus, train_len=model_cfg.max_len, multiples="1",
                               eval_tokens=model_cfg.max_len)
     tok, train_ids, _, name = corpus_ids(study)
@@ -113,20 +116,20 @@ def train_char_gpt(model_cfg: GPTConfig, train_cfg: TrainConfig, cfg: AttentionM
     train_cfg = train_cfg.replace(steps=max(cfg.train_steps, 1))
     stepper = Stepper(GPT(model_cfg), gpt_loss, train_cfg)
     t0 = time.time()
-    state, curve = fit(stepper, init_params(GPT, model_cfg, train_cfg.seed),
-                       lm_batches(train_ids, model_cfg.max_len, train_cfg.batch_size, train_cfg.seed),
-                       cfg.train_steps, train_cfg.seed) if cfg.train_steps else (stepper.init_state(), [(0, float("nan"))])
+    state, loss = stepper.init_state(), float("nan")
+    if cfg.train_steps:
+        batch_fn = lm_batches(train_ids, model_cfg.max_len, train_cfg.batch_size, train_cfg.seed)
+        state, summary = fit(stepper, stepper.init_state(init_params(GPT, model_cfg, train_cfg.seed)),
+                             map(batch_fn, itertools.count()), key=jax.random.key(train_cfg.seed))
+        loss = summary["train_loss"]
     log(f"trained a {model_cfg.position} char GPT on {name} for {cfg.train_steps} steps in {time.time() - t0:.0f}s, "
-        f"final loss {curve[-1][1]:.3f} nats")
+        f"final loss {loss:.3f} nats")
     return stepper.model(state.params), tok
 
 
 def draw(model_cfg: GPTConfig, train_cfg: TrainConfig, cfg: AttentionMapConfig, log=print) -> Path:
     """Load or train the model, encode cfg.text, and write the PNG of layer cfg.layer."""
     if cfg.run_dir is not None:
-        from txjax.train.sample import load_run
-        from txjax.train.text import tokenizer_from_meta
-
         model, meta, step = load_run(cfg.run_dir)
         if "tokenizer" not in meta:
             raise ValueError(f"{cfg.run_dir} has no character tokenizer in its metadata")

@@ -1,24 +1,24 @@
-"""What every study shares: a plain training loop, mean ± std, tables, run metadata."""
+"""What every study shares: fresh parameters, mean ± std, tables, run metadata.
+
+Studies train with the one loop, `txjax.train.loop.fit`, without a run folder.
+"""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-
-from txjax.train.steps import Batch, Stepper, TrainState
 
 
 def parse_list(text: str, kind: type = str) -> tuple:
@@ -29,26 +29,6 @@ def parse_list(text: str, kind: type = str) -> tuple:
 def init_params(model_cls, config, seed: int):
     """The parameters of a fresh `model_cls(config)` seeded by `seed` (an nnx.State)."""
     return nnx.split(model_cls(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)[1]
-
-
-def fit(stepper: Stepper, params, batch_fn: Callable[[int], Batch], steps: int, seed: int,
-        log_every: int = 50) -> tuple[TrainState, list[tuple[int, float]]]:
-    """Run `steps` jitted train steps from `params` on batch_fn(step); returns (state, [(step, loss)]).
-
-    Losses are fetched only at the end, so the host never waits on the device. A
-    non-finite final loss raises FloatingPointError.
-    """
-    state = stepper.init_state(params)
-    key = jax.random.key(seed)
-    logged = []
-    for step in range(steps):
-        state, metrics = stepper.train_step(state, batch_fn(step), key)
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            logged.append((step + 1, metrics["loss"]))
-    curve = [(s, float(v)) for s, v in jax.device_get(logged)]
-    if curve and not math.isfinite(curve[-1][1]):
-        raise FloatingPointError(f"training loss became {curve[-1][1]} by step {curve[-1][0]}")
-    return state, curve
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
@@ -99,8 +79,9 @@ def write_outputs(out_dir: str | os.PathLike, result: dict, summary: Sequence[di
 
 
 def git_revision() -> str:
-    """The checkout's HEAD commit, with '+dirty' when tracked files differ; 'unknown' outside git."""
-    root = Path(__file__).resolve().parent.parent.parent
+    """The HEAD commit of the checkout holding this package, with '+dirty' when tracked files differ;
+    'unknown' outside git (git finds the checkout from the package folder up)."""
+    root = Path(__file__).resolve().parent
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              check=True, timeout=10).stdout.strip()

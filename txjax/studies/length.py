@@ -17,6 +17,7 @@ and the result is None, shown as n/a.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -31,7 +32,6 @@ from txjax import GPT
 from txjax.config import POSITIONS, GPTConfig
 from txjax.data import CharTokenizer, load_corpus
 from txjax.studies.common import (
-    fit,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -43,6 +43,7 @@ from txjax.studies.common import (
     write_outputs,
 )
 from txjax.train.config import TrainConfig
+from txjax.train.loop import fit
 from txjax.train.steps import Stepper, gpt_loss
 
 METHODS = ("nonoverlapping", "sliding")
@@ -53,7 +54,7 @@ LN2 = math.log(2.0)
 class LengthStudyConfig:
     """What the length-extrapolation study trains, scores and writes."""
 
-    corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: ../shared/data/tinyshakespeare.txt beside the repo if there, else the packaged excerpt
+    corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)
     positions: str = ",".join(POSITIONS)  # comma-separated position encodings to compare
     seeds: int = 3  # seeds per encoding (0 .. seeds-1); mean ± std over them
     train_len: int = 64  # L: training window, and the size of a learned position table
@@ -171,9 +172,7 @@ def bits_per_char(logits_fn: Callable, config: GPTConfig, ids: np.ndarray, windo
 
 def corpus_ids(study: LengthStudyConfig) -> tuple[CharTokenizer, np.ndarray, np.ndarray, str]:
     """(tokenizer, train ids, held-out ids, corpus name): plain characters, no special tokens."""
-    from txjax.train.text import default_corpus
-
-    name = study.corpus if study.corpus is not None else default_corpus()
+    name = study.corpus if study.corpus is not None else "default"
     text = load_corpus(name)
     tok = CharTokenizer.from_corpus(text)
     ids = tok.encode(text).astype(np.int32)
@@ -256,19 +255,20 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
                 steppers[position] = (stepper, jax.jit(lambda params, x, stepper=stepper: stepper.model(params)(x)))
             stepper, logits_jit = steppers[position]
             t0 = time.time()
-            state, curve = fit(stepper, init_params(GPT, cfg, seed), lm_batches(train_ids, study.train_len,
-                               train_cfg.batch_size, seed), train_cfg.steps, seed)
+            batch_fn = lm_batches(train_ids, study.train_len, train_cfg.batch_size, seed)
+            state, summary = fit(stepper, stepper.init_state(init_params(GPT, cfg, seed)),
+                                 map(batch_fn, itertools.count()), key=jax.random.key(seed))
             t_train = time.time() - t0
             rows = evaluate_model(lambda x: logits_jit(state.params, x), cfg, held_ids, study)
             t_eval = time.time() - t0 - t_train
             rows = [{"position": position, "seed": seed, **r} for r in rows]
             rows.append({"position": position, "seed": seed, "method": "train_loss_nats", "multiple": None,
-                         "length": study.train_len, "bits_per_char": curve[-1][1],
+                         "length": study.train_len, "bits_per_char": summary["train_loss"],
                          "train_s": round(t_train, 1), "eval_s": round(t_eval, 1)})
             append_jsonl(out / "runs.jsonl", rows)
             shown = " ".join(f"{r['length']}:{'n/a' if r['bits_per_char'] is None else round(r['bits_per_char'], 3)}"
                              for r in rows if r["method"] == "sliding")
-            log(f"{position:>10} seed {seed}: train loss {curve[-1][1]:.3f} nats, train {t_train:.0f}s, "
+            log(f"{position:>10} seed {seed}: train loss {summary['train_loss']:.3f} nats, train {t_train:.0f}s, "
                 f"eval {t_eval:.0f}s; sliding bits/char {shown}")
     meta = {"corpus": corpus, "vocab_size": tok.vocab_size, "train_chars": int(len(train_ids)),
             "heldout_chars": int(len(held_ids)), "scored_chars": study.scored_tokens,

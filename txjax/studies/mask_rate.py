@@ -11,17 +11,18 @@ the signal each rate buys per step.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from txjax import Bert, T5
 from txjax.config import BertConfig, T5Config
 from txjax.data import BatchIterator, IGNORE_INDEX, pack_tokens
 from txjax.studies.common import (
-    fit,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -33,8 +34,11 @@ from txjax.studies.common import (
     write_outputs,
 )
 from txjax.train.config import TrainConfig
+from txjax.train.loop import fit
 from txjax.train.steps import Stepper, bert_loss, t5_loss
-from txjax.train.text import TextRunConfig, bert_rows, corpus_split, mlm_transform, span_transform, t5_lengths
+from txjax.tasks.mlm import bert_rows, mlm_transform
+from txjax.tasks.spans import span_transform, t5_lengths
+from txjax.tasks.text import TextRunConfig, corpus_split
 
 FAMILIES = ("bert", "t5")
 EVAL_RATE = 0.15
@@ -47,7 +51,7 @@ class MaskRateConfig:
     rates: str = "0.05,0.15,0.3,0.5"  # training masking rates (BERT) / noise densities (T5)
     families: str = "bert,t5"  # comma list from bert, t5
     seeds: int = 1  # seeds per (family, rate)
-    corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: tinyshakespeare beside the repo if there, else the packaged excerpt
+    corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)
     seq_len: int = 64  # BERT: tokens per row with [CLS] and [SEP]; T5: encoder length
     mean_span: float = 3.0  # T5: mean corrupted-span length
     num_sentinels: int = 32  # T5: sentinel ids
@@ -69,7 +73,7 @@ class MaskRateConfig:
             raise ValueError("seeds >= 1, seq_len >= 8 and heldout_examples >= 1 are required")
 
     def text_config(self, rate: float) -> TextRunConfig:
-        """The txjax.train.text settings that build this rate's data."""
+        """The txjax.tasks.text settings that build this rate's data."""
         return TextRunConfig(corpus=self.corpus, seq_len=self.seq_len, mask_rate=rate, mean_span=self.mean_span,
                              num_sentinels=self.num_sentinels, heldout_examples=self.heldout_examples)
 
@@ -132,11 +136,12 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                     return b
 
                 t0 = time.time()
-                state, curve = fit(stepper, init_params(model_cls, cfg, seed), batch_fn, train_cfg.steps, seed)
+                state, summary = fit(stepper, stepper.init_state(init_params(model_cls, cfg, seed)),
+                                     map(batch_fn, itertools.count()), key=jax.random.key(seed))
                 ev = stepper.evaluate(state.params, held_batches)
                 r = {"family": family, "rate": rate, "seed": seed, "heldout_loss": ev["loss"],
                      "heldout_accuracy": ev["accuracy"], "heldout_tokens": ev["tokens"],
-                     "predicted_tokens_per_step": float(np.mean(counts)), "train_loss": curve[-1][1],
+                     "predicted_tokens_per_step": float(np.mean(counts)), "train_loss": summary["train_loss"],
                      "wall_s": round(time.time() - t0, 1)}
                 runs.append(r)
                 log(f"{family} p={rate:.2f} seed {seed}: held-out@15% loss {r['heldout_loss']:.3f} "

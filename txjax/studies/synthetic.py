@@ -15,6 +15,7 @@ longest training sequence; longer test sequences are reported as n/a, never clam
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from pathlib import Path
 
@@ -25,7 +26,6 @@ from txjax import GPT, T5
 from txjax.config import POSITIONS, GPTConfig, T5Config
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
-    fit,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -37,6 +37,7 @@ from txjax.studies.common import (
     write_outputs,
 )
 from txjax.train.config import TrainConfig
+from txjax.train.loop import fit
 from txjax.train.steps import Stepper, gpt_loss, t5_loss
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
@@ -178,9 +179,10 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
         return batcher(task, xs, study.train_max)
 
     t0 = time.time()
-    state, curve = fit(stepper, init_params(model_cls, cfg, seed), batch_fn, train_cfg.steps, seed)
+    state, summary = fit(stepper, stepper.init_state(init_params(model_cls, cfg, seed)),
+                         map(batch_fn, itertools.count()), key=jax.random.key(seed))
     out = {"family": family, "task": task, "position": position, "seed": seed,
-           "train_loss": curve[-1][1], "train_s": round(time.time() - t0, 1)}
+           "train_loss": summary["train_loss"], "train_s": round(time.time() - t0, 1)}
     rng = np.random.default_rng([10_000 + seed, TASKS.index(task)])  # same test sets for every encoding
     for split, lo, hi in (("in", study.train_min, study.train_max), ("out", study.test_min, study.test_max)):
         xs = sample_inputs(rng, study.eval_examples, lo, hi, study.num_symbols)

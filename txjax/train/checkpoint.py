@@ -65,6 +65,15 @@ class Checkpointer:
         )
         return out["state"], out["meta"]
 
+    def restore_params(self, like: Any, step: int | None = None) -> Any:
+        """Only the parameters of checkpoint `step` (its state is a TrainState: params, opt_state,
+        step); `like` gives their tree, shapes, dtypes and shardings. The optimizer moments are not read."""
+        step = self._step(step)
+        target = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, like)}
+        restore = ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                         partial_restore=True)
+        return self.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]["params"]
+
     def _step(self, step: int | None) -> int:
         if step is None:
             step = self.latest_step()

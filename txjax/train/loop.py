@@ -110,12 +110,13 @@ def fit(
     state: TrainState,
     batches: Iterator,
     *,
-    run_dir: str | os.PathLike,
-    checkpointer: Checkpointer,
-    meta: dict,
+    run_dir: str | os.PathLike | None = None,
+    checkpointer: Checkpointer | None = None,
+    meta: dict | None = None,
     start_step: int = 0,
     eval_fn: Callable[[Any], dict] | None = None,
     stop_at: int | None = None,
+    key: jax.Array | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[TrainState, dict]:
     """Train from `start_step` to `cfg.steps` (or `stop_at`, as if killed there).
@@ -128,21 +129,32 @@ def fit(
     (after writing what it knows) when the loss or gradient norm is NaN or Inf; the last
     checkpoint on disk is then the last good one. On Ctrl-C (KeyboardInterrupt) it first
     checkpoints the last finished step, so a rerun resumes there, then re-raises.
+
+    Without a run folder (the studies): run_dir=None writes no metrics.jsonl and
+    checkpointer=None writes no checkpoints and reads no data position, so `batches` may
+    be any iterator of batches. key: the training key (dropout); default
+    fold_in(key(cfg.seed), 1).
     """
     cfg: TrainConfig = stepper.cfg
-    run_dir = Path(run_dir)
-    metrics_path = run_dir / "metrics.jsonl"
-    _truncate_metrics(metrics_path, start_step)
+    meta = meta or {}
+    rows_file = None
+    if run_dir is not None:
+        metrics_path = Path(run_dir) / "metrics.jsonl"
+        _truncate_metrics(metrics_path, start_step)
     end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
-    key = jax.random.fold_in(jax.random.key(cfg.seed), 1)
+    if key is None:
+        key = jax.random.fold_in(jax.random.key(cfg.seed), 1)
     bar = tqdm(total=cfg.steps, initial=start_step, disable=not cfg.progress, dynamic_ncols=True,
                mininterval=1.0, unit="step", desc="train")
     clock = {"t0": time.perf_counter(), "first_done": None, "first_step": None,
              "tokens_after_first": 0.0, "window": None}
     last: dict = {}
-    rows_file = open(metrics_path, "a")
+    if run_dir is not None:
+        rows_file = open(metrics_path, "a")
 
     def write_row(row: dict) -> None:
+        if rows_file is None:
+            return
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         rows_file.write(json.dumps(row) + "\n")
         rows_file.flush()
@@ -163,7 +175,7 @@ def fit(
         row = {"step": step_no, "split": "train", "time_s": round(now - clock["t0"], 3), **m}
         if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):
             write_row(row)
-            good = checkpointer.latest_step()
+            good = None if checkpointer is None else checkpointer.latest_step()
             raise NonFiniteLoss(
                 f"step {step_no}: loss {m['loss']}, grad norm {m['grad_norm']} - stopping. "
                 + (f"The last good checkpoint is step {good} in {checkpointer.directory}."
@@ -193,7 +205,7 @@ def fit(
     def save_on_interrupt() -> None:
         """Ctrl-C: checkpoint the last finished step, with the data position it had then."""
         done_step, data = finished["step"], finished["data"]
-        if done_step <= start_step or checkpointer.latest_step() == done_step:
+        if checkpointer is None or done_step <= start_step or checkpointer.latest_step() == done_step:
             return
         try:
             if pending is not None:
@@ -213,11 +225,11 @@ def fit(
         for step_no in range(start_step + 1, end + 1):
             batch = next(batches)
             state, metrics = stepper.train_step(state, batch, key)
-            finished.update(step=step_no, data=batches.state.to_dict())
+            finished.update(step=step_no, data=None if checkpointer is None else batches.state.to_dict())
             if pending is not None:
                 handle(*pending)
             pending = (step_no, metrics)
-            if step_no % cfg.checkpoint_every == 0 or step_no == cfg.steps:
+            if checkpointer is not None and (step_no % cfg.checkpoint_every == 0 or step_no == cfg.steps):
                 handle(*pending)
                 pending = None
                 save(step_no)
@@ -233,7 +245,8 @@ def fit(
         raise
     finally:
         bar.close()
-        rows_file.close()
+        if rows_file is not None:
+            rows_file.close()
     done = time.perf_counter()
     steady = None
     if clock["first_done"] is not None and step_no > clock["first_step"]:

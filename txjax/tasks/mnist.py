@@ -11,16 +11,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import txjax
 from txjax.config import GPTConfig
 from txjax.data import BatchIterator, PatchTokenizer, ar_shift, load_mnist
+from txjax.decoding import check_sampling, generate
+from txjax.models import GPT
 from txjax.ops import token_nll
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
@@ -36,13 +36,13 @@ class MnistRunConfig(RunConfig):
     """The MNIST run: data, tokenizer, evaluation and sampling."""
 
     name: str = "gpt_mnist"  # run folder name: <runs_dir>/<name>
-    data: str | None = None  # MNIST .npz or folder; None: ../shared/data beside the repo if there, else txjax.data.load_mnist's search
+    data: str | None = None  # MNIST .npz or folder; None: txjax.data.load_mnist's search ($TXJAX_DATA, the cache, ...); the script passes ../shared/data/mnist.npz when it is beside the repo
     patch: int = 2  # patch side in pixels; vocabulary 2**(patch*patch) + 1 (BOS)
     threshold: float = 0.5  # a pixel is on when it exceeds threshold * 255
     train_images: int = 0  # use the first N training images; 0: all 60,000
     test_images: int = 0  # score the first N test images; 0: all 10,000
     eval_batch_size: int = 500  # images per batch when scoring the test set
-    temperature: float = 1.0  # sampling temperature for samples.png
+    temperature: float = 1.0  # sampling temperature for samples.png; 0 means greedy
     num_samples: int = 64  # digits drawn into samples.png
     top_k: int | None = None  # sample only among the k most likely patches; None: all
 
@@ -54,22 +54,12 @@ class MnistRunConfig(RunConfig):
         for name in ("train_images", "test_images"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
-
-
-def default_data_path() -> Path | None:
-    """`../shared/data/mnist.npz` relative to the repository holding this package, if present."""
-    candidate = Path(txjax.__file__).resolve().parent.parent.parent / "shared" / "data" / "mnist.npz"
-    return candidate if candidate.is_file() else None
+        check_sampling(self.temperature, self.top_k, None)
 
 
 def load_tokens(run_cfg: MnistRunConfig) -> tuple[PatchTokenizer, np.ndarray, np.ndarray, str]:
     """(tokenizer, train tokens [N, 197], test tokens [M, 197], data source)."""
-    path = run_cfg.data if run_cfg.data is not None else default_data_path()
-    data = load_mnist(path)
+    data = load_mnist(run_cfg.data)
     tok = PatchTokenizer(patch=run_cfg.patch, threshold=run_cfg.threshold)
     x_train = data.x_train[: run_cfg.train_images or None]
     x_test = data.x_test[: run_cfg.test_images or None]
@@ -123,53 +113,11 @@ def nats_to_bits_per_pixel(nats_per_image: float) -> float:
     return nats_per_image / math.log(2) / PIXELS
 
 
-def _sample_without_cache(model, prompt_BT, max_new_tokens, key, temperature, top_k):
-    """Minimal sampler: a full forward pass per new token over a fixed-length buffer.
-
-    Used only if `txjax.generate` (the KV-cache decoder) is not available.
-    """
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def run(state, prompt_BT, key):
-        m = nnx.merge(graphdef, state)
-        b, p = prompt_BT.shape
-        buf_BT = jnp.concatenate([prompt_BT, jnp.zeros((b, max_new_tokens), prompt_BT.dtype)], axis=1)
-
-        def body(t, carry):
-            buf_BT, key = carry
-            key, sub = jax.random.split(key)
-            logits_BV = m(buf_BT)[:, t - 1].astype(jnp.float32) / temperature
-            if top_k is not None:
-                kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
-                logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
-            tok_B = jax.random.categorical(sub, logits_BV, axis=-1).astype(buf_BT.dtype)
-            return buf_BT.at[:, t].set(tok_B), key
-
-        return jax.lax.fori_loop(p, p + max_new_tokens, body, (buf_BT, key))[0]
-
-    return run(state, prompt_BT, key)
-
-
-def sample_tokens(model, prompt_BT, max_new_tokens: int, key, temperature: float = 1.0,
-                  top_k: int | None = None) -> np.ndarray:
-    """Sample continuations with `txjax.generate` (KV cache) if present, else the minimal sampler."""
-    try:
-        from txjax.decoding import generate
-    except ImportError:
-        generate = None
-    if generate is not None:
-        out = generate(model, prompt_BT, max_new_tokens, key, temperature=temperature, top_k=top_k)
-    else:
-        out = _sample_without_cache(model, jnp.asarray(prompt_BT), max_new_tokens, key, temperature, top_k)
-    return np.asarray(out)
-
-
 def sample_digits(model, tok: PatchTokenizer, n: int, key, temperature: float = 1.0,
                   top_k: int | None = None) -> np.ndarray:
     """n sampled images [n, 28, 28] in {0.0, 1.0}; patch ids are kept below BOS."""
     prompt_BT = np.full((n, 1), tok.bos_id, np.int32)
-    tokens_BT = sample_tokens(model, prompt_BT, tok.seq_len - 1, key, temperature, top_k)
+    tokens_BT = np.asarray(generate(model, prompt_BT, tok.seq_len - 1, key, temperature=temperature, top_k=top_k))
     patches = tokens_BT[:, -(tok.seq_len - 1):]
     # A trained model almost never emits BOS mid-image; if it does, show that patch blank.
     patches = np.where(patches >= tok.bos_id, 0, patches)
@@ -193,7 +141,7 @@ def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRu
         raise ValueError(f"max_len={model_cfg.max_len} is shorter than the {tok.seq_len - 1} input tokens")
     log(f"MNIST from {source}: {len(train_BT)} train / {len(test_BT)} test images, "
         f"{tok.seq_len} tokens each (BOS {tok.bos_id}, vocab {tok.vocab_size})")
-    model = txjax.GPT(model_cfg, rngs=nnx.Rngs(train_cfg.seed))
+    model = GPT(model_cfg, rngs=nnx.Rngs(train_cfg.seed))
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     log(f"GPT: {n_params:,} parameters, {model_cfg.num_layers} layers, d_model {model_cfg.d_model}")
     batches = BatchIterator(train_BT, train_cfg.batch_size, seed=train_cfg.seed, transform=shifted)

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
 import jax
 from flax import nnx
 
-import txjax
 from txjax.config import config_from_dict
 from txjax.data import PatchTokenizer
+from txjax.decoding import check_sampling
+from txjax.models import MODELS
+from txjax.tasks.mlm import fill_masks
+from txjax.tasks.mnist import sample_digits
+from txjax.tasks.spans import fill_spans
+from txjax.tasks.text import masked_prompt, tokenizer_from_meta
 from txjax.train.checkpoint import Checkpointer
-from txjax.train.config import TrainConfig
 from txjax.train.plots import save_image_grid
-from txjax.train.steps import LOSSES, Stepper
-
-MODELS = {"gpt": txjax.GPT, "bert": txjax.Bert, "t5": txjax.T5}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,31 +36,25 @@ class SampleConfig:
     def __post_init__(self):
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {self.num_samples}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
+        check_sampling(self.temperature, self.top_k, None)
 
 
 def load_run(run_dir: str | Path, step: int | None = None):
-    """(model with the checkpoint's parameters, checkpoint metadata, step)."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
-    checkpointer = Checkpointer(ckpt_dir, read_only=True)
+    """(model with the checkpoint's parameters, dropout off; checkpoint metadata; step).
+
+    Only the parameters are read: no optimizer is built and its moments stay on disk.
+    """
+    checkpointer = Checkpointer(Path(run_dir) / "checkpoints", read_only=True)
     try:
         meta = checkpointer.read_meta(step)
         model_cfg = config_from_dict(meta["model"])
-        train_cfg = TrainConfig(**meta["train"])
         model = MODELS[model_cfg.family](model_cfg, rngs=nnx.Rngs(0))
-        stepper = Stepper(model, LOSSES[model_cfg.family], train_cfg)
-        state, meta = checkpointer.restore(stepper.init_state(), meta["step"])
+        graphdef, params, rest = nnx.split(nnx.view(model, deterministic=True, raise_if_not_found=False),
+                                           nnx.Param, ...)
+        params = checkpointer.restore_params(params, meta["step"])
     finally:
         checkpointer.close()
-    return stepper.model(state.params), meta, meta["step"]
-
-
-def masked_prompt(text: str) -> list[tuple[str, int]]:
-    """Split text into (chunk, masked-run length) pieces at runs of '_'."""
-    return [(m.group(1), len(m.group(2))) for m in re.finditer(r"([^_]*)(_*)", text) if m.group(0)]
+    return nnx.merge(graphdef, params, rest), meta, meta["step"]
 
 
 def sample_from_run(cfg: SampleConfig, log=print) -> dict:
@@ -70,17 +64,12 @@ def sample_from_run(cfg: SampleConfig, log=print) -> dict:
     family = meta["model"]["family"]
     tok_meta = meta.get("tokenizer", {})
     if family == "gpt" and tok_meta.get("kind") == "patch":
-        from txjax.train.mnist import sample_digits
-
         tok = PatchTokenizer(**{k: v for k, v in tok_meta.items() if k != "kind"})
-        temperature = max(cfg.temperature, 1e-6)
-        images = sample_digits(model, tok, cfg.num_samples, key, temperature, cfg.top_k)
+        images = sample_digits(model, tok, cfg.num_samples, key, cfg.temperature, cfg.top_k)
         out = Path(cfg.out) if cfg.out else Path(cfg.run) / f"samples_step{step}.png"
         save_image_grid(images, out, title=f"step {step}, temperature {cfg.temperature}")
         log(f"wrote {cfg.num_samples} digits to {out}")
         return {"out": str(out), "step": step}
-    from txjax.train.text import fill_masks, fill_spans, tokenizer_from_meta
-
     tok = tokenizer_from_meta(meta)
     if family == "bert":
         text = fill_masks(model, tok, cfg.prompt)

@@ -1,0 +1,104 @@
+"""BERT masked-language modelling on a character corpus: rows, 80/10/10 masking, the run, "_" filling."""
+
+from __future__ import annotations
+
+import time
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from txjax.config import BertConfig
+from txjax.data import BatchIterator, CharTokenizer, mlm_mask, pack_tokens
+from txjax.models import Bert
+from txjax.tasks.text import (
+    TextRunConfig,
+    batches_of,
+    check_len,
+    corpus_split,
+    encode_masked,
+    fit_numbers,
+    n_params,
+    tokenizer_meta,
+    with_vocab,
+    write_summary,
+)
+from txjax.train.config import TrainConfig
+from txjax.train.experiment import train_run
+from txjax.train.loop import prepare_run_dir
+from txjax.train.steps import bert_loss
+
+
+def bert_rows(ids: np.ndarray, tok: CharTokenizer, seq_len: int) -> np.ndarray:
+    """[CLS] + seq_len - 2 corpus tokens + [SEP], one row per non-overlapping chunk."""
+    body = pack_tokens(ids, seq_len - 2)
+    n = body.shape[0]
+    return np.concatenate([np.full((n, 1), tok.cls_id), body, np.full((n, 1), tok.sep_id)], axis=1).astype(np.int32)
+
+
+def mlm_transform(tok: CharTokenizer, rate: float):
+    """BatchIterator transform: rows -> {inputs, targets} with BERT's 80/10/10 masking."""
+
+    def transform(rows_BT, rng):
+        inputs_BT, targets_BT = mlm_mask(rows_BT, rng, mask_id=tok.mask_id, vocab_size=tok.vocab_size,
+                                         special_ids=tok.special_ids, rate=rate)
+        return {"inputs": inputs_BT, "targets": targets_BT}
+
+    return transform
+
+
+def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
+             stop_at: int | None = None, log=print) -> dict:
+    """Train BERT with MLM; report held-out MLM loss and accuracy; write the run folder."""
+    prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
+    t0 = time.perf_counter()
+    tok, train_ids, held_ids, name = corpus_split(run_cfg, "bert")
+    model_cfg = with_vocab(model_cfg, tok.vocab_size, pad_id=tok.pad_id)
+    check_len(model_cfg, run_cfg.seq_len)
+    train_rows, held_rows = bert_rows(train_ids, tok, run_cfg.seq_len), bert_rows(held_ids, tok, run_cfg.seq_len)
+    held_rows = held_rows[: run_cfg.heldout_examples]
+    log(f"corpus {name}: {len(train_rows)} train / {len(held_rows)} held-out rows of {run_cfg.seq_len}, "
+        f"vocab {tok.vocab_size}")
+    model = Bert(model_cfg, rngs=nnx.Rngs(train_cfg.seed))
+    log(f"BERT: {n_params(model):,} parameters")
+    transform = mlm_transform(tok, run_cfg.mask_rate)
+    batches = BatchIterator(train_rows, train_cfg.batch_size, seed=train_cfg.seed, transform=transform)
+    held = transform(held_rows, np.random.default_rng([train_cfg.seed, 99]))  # one fixed masking
+    held_batches = batches_of(held, run_cfg.eval_batch_size) or [held]
+
+    def eval_fn(stepper, params):
+        return stepper.evaluate(params, held_batches[: train_cfg.eval_batches])
+
+    stepper, state, fit_summary = train_run(model, bert_loss, train_cfg, run_cfg, batches,
+                                            extra_meta=tokenizer_meta(tok), eval_fn=eval_fn,
+                                            stop_at=stop_at, log=log)
+    final = stepper.evaluate(state.params, held_batches)
+    summary = {"heldout_mlm_loss": final["loss"], "heldout_mlm_accuracy": final["accuracy"],
+               "heldout_predicted_tokens": final["tokens"], **fit_numbers(fit_summary),
+               "total_wall_s": time.perf_counter() - t0}
+    write_summary(run_cfg, summary, "MLM loss (nats / masked token)")
+    log(f"held-out MLM loss {final['loss']:.4f} nats/token, accuracy {final['accuracy']:.4f} "
+        f"over {int(final['tokens'])} masked tokens")
+    return summary
+
+
+def fill_masks(model, tok: CharTokenizer, prompt: str) -> str:
+    """BERT: replace every '_' in prompt by the most likely ordinary character; fills in [brackets]."""
+    ids = [tok.cls_id] + encode_masked(tok, prompt, lambda k, run: [tok.mask_id] * run) + [tok.sep_id]
+    logits_V = np.asarray(model(jnp.asarray([ids], jnp.int32))[0], np.float64)
+    logits_V[:, tok.special_ids] = -np.inf
+    out, run = [], []
+    for i, t in enumerate(ids[1:-1], start=1):
+        if t == tok.mask_id:
+            run.append(tok.decode([int(np.argmax(logits_V[i]))]))
+            continue
+        if run:
+            out.append("[" + "".join(run) + "]")
+            run = []
+        out.append(tok.decode([t]))
+    if run:
+        out.append("[" + "".join(run) + "]")
+    return "".join(out)
+
+
+__all__ = ["bert_rows", "fill_masks", "mlm_transform", "run_bert"]
