@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from _local_data import or_local  # experiments/_local_data.py: ../shared/data beside the repo
-from txjax.config import GPTConfig
+from txjax.config import ExecutionConfig, GPTConfig
 from txjax.tasks.mnist import MnistRunConfig, run_gpt_mnist
 from txjax.train.checkpoint import CheckpointMismatch
 from txjax.train.cli import build_parser, parse_configs
@@ -27,6 +27,7 @@ PRESETS = {
         "train": TrainConfig(learning_rate=1e-3, warmup_steps=500, steps=12000, batch_size=128,
                              weight_decay=0.1, eval_every=1000, checkpoint_every=1000),
         "run": MnistRunConfig(),
+        "execution": ExecutionConfig(),
     },
     # Sized for 2 CPU cores and at most 15 minutes, training plus scoring and sampling
     # (164k parameters, 380 steps of 32 images: 12,160 images, a fifth of an epoch).
@@ -36,6 +37,7 @@ PRESETS = {
         "train": TrainConfig(learning_rate=3e-3, warmup_steps=40, steps=380, batch_size=32,
                              weight_decay=0.01, checkpoint_every=50, eval_batches=4),
         "run": MnistRunConfig(name="gpt_mnist_cpu", eval_batch_size=50),
+        "execution": ExecutionConfig(),
     },
 }
 
@@ -44,7 +46,8 @@ def make_parser(configs):
     return build_parser(
         __doc__.splitlines()[0],
         {"model": ("model (GPTConfig)", configs["model"]), "train": ("training (TrainConfig)", configs["train"]),
-         "run": ("run (MnistRunConfig)", configs["run"])},
+         "run": ("run (MnistRunConfig)", configs["run"]),
+         "execution": ("execution (ExecutionConfig: how it runs, may change on resume)", configs["execution"])},
         presets=list(PRESETS), default_preset="default",
     )
 
@@ -54,7 +57,7 @@ def main(argv=None) -> dict:
     cpu_hint(preset)
     run = or_local(cfg["run"], "data", "mnist.npz")
     try:
-        return run_gpt_mnist(cfg["model"], cfg["train"], run)
+        return run_gpt_mnist(cfg["model"], cfg["train"], run, execution=cfg["execution"])
     except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
         fail(str(err))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from _local_data import or_local  # experiments/_local_data.py: ../shared/data beside the repo
-from txjax.config import T5Config
+from txjax.config import ExecutionConfig, T5Config
 from txjax.tasks.spans import run_t5
 from txjax.tasks.text import TextRunConfig
 from txjax.train.checkpoint import CheckpointMismatch
@@ -28,6 +28,7 @@ PRESETS = {
         "train": TrainConfig(learning_rate=5e-4, warmup_steps=500, steps=10000, batch_size=128,
                              weight_decay=0.01, eval_every=1000, checkpoint_every=1000),
         "run": TextRunConfig(name="t5_spans", seq_len=256),
+        "execution": ExecutionConfig(),
     },
     # Sized for 2 CPU cores: a few minutes.
     "cpu": {
@@ -35,6 +36,7 @@ PRESETS = {
         "train": TrainConfig(learning_rate=2e-3, warmup_steps=50, steps=300, batch_size=32,
                              weight_decay=0.01, checkpoint_every=100, eval_batches=2),
         "run": TextRunConfig(name="t5_spans_cpu", seq_len=128),
+        "execution": ExecutionConfig(),
     },
 }
 
@@ -43,7 +45,8 @@ def make_parser(configs):
     return build_parser(
         __doc__.splitlines()[0],
         {"model": ("model (T5Config)", configs["model"]), "train": ("training (TrainConfig)", configs["train"]),
-         "run": ("run (TextRunConfig)", configs["run"])},
+         "run": ("run (TextRunConfig)", configs["run"]),
+         "execution": ("execution (ExecutionConfig: how it runs, may change on resume)", configs["execution"])},
         presets=list(PRESETS), default_preset="default",
     )
 
@@ -53,7 +56,7 @@ def main(argv=None) -> dict:
     cpu_hint(preset)
     run = or_local(cfg["run"], "corpus", "tinyshakespeare.txt")
     try:
-        return run_t5(cfg["model"], cfg["train"], run)
+        return run_t5(cfg["model"], cfg["train"], run, execution=cfg["execution"])
     except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
         fail(str(err))
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from txjax import bench, cost
+from txjax.config import ExecutionConfig
 
 TINY = ["--vocab", "11", "--seq", "8", "--d-model", "16", "--heads", "2", "--layers", "1",
         "--d-ff", "32", "--batch", "2", "--steps", "2", "--warmup", "1"]
@@ -82,14 +83,15 @@ def test_make_batch_layout():
 
 def test_dtype_flag_sets_the_compute_dtype_and_cudnn_is_a_choice():
     """--dtype bfloat16 is the model's mixed precision (config.dtype), not cast parameters."""
-    config = bench.config_from_args(bench.parse_args(["--dtype", "bfloat16", "--attention", "cudnn", *TINY]))
-    assert (config.dtype, config.attention_impl) == ("bfloat16", "cudnn")
+    args = bench.parse_args(["--dtype", "bfloat16", "--attention", "cudnn", *TINY])
+    assert (bench.config_from_args(args).dtype, bench.execution_from_args(args).attention_impl) == (
+        "bfloat16", "cudnn")
 
 
 @pytest.mark.parametrize("flag, expected", [(None, "default"), ("none", None), ("NONE", None), ("66", 66)])
 def test_causal_block_size_flag(flag, expected):
     """Absent: the config's own default; 'none': unblocked; a number: that block length."""
     if expected == "default":
-        expected = bench.CONFIGS["gpt"].__dataclass_fields__["causal_block_size"].default
+        expected = ExecutionConfig().causal_block_size
     argv = [*TINY] if flag is None else ["--causal-block-size", flag, *TINY]
-    assert bench.config_from_args(bench.parse_args(argv)).causal_block_size == expected
+    assert bench.execution_from_args(bench.parse_args(argv)).causal_block_size == expected

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from txjax.config import GPTConfig
+from txjax.config import ExecutionConfig, GPTConfig
 from txjax.studies import memory
 
 
@@ -29,6 +29,8 @@ def test_run_study_writes_the_table_csv_and_plot(tmp_path, capsys):
 
 
 def test_attention_ways_differ_only_in_how_attention_runs():
+    """Each way is an ExecutionConfig: the model config (what is computed) is the same for all."""
     assert set(memory.ATTENTION) == {"reference", "xla", "blocked"}
-    for fields in memory.ATTENTION.values():
-        GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32).replace(**fields)
+    for execution in memory.ATTENTION.values():
+        assert isinstance(execution, ExecutionConfig)
+        assert (execution.remat, execution.grad_forms) == (False, "auto")

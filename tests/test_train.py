@@ -1,6 +1,7 @@
 """txjax.train: optimizer mask and schedule, steps, accumulation, checkpoints, resume, NaN stop."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 from flax import nnx
 
 from txjax import GPT, GPTConfig
+from txjax.config import ExecutionConfig
 from txjax.data import BatchIterator
 from txjax.ops import cross_entropy
 from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
@@ -276,6 +278,20 @@ def test_checkpoint_from_a_different_config_is_refused(tmp_path):
     other = GPT(dataclasses.replace(TINY, d_model=32, dropout=0.1), rngs=nnx.Rngs(0))
     with pytest.raises(CheckpointMismatch, match="d_model: 16 -> 32"):
         _run(tmp_path, "a", cfg, model=other)
+
+
+@pytest.mark.slow
+def test_a_run_resumes_under_another_execution_config(tmp_path):
+    """How a model runs is not what it computes: a checkpoint made with one ExecutionConfig
+    resumes under another, and config.json records the execution of the latest start."""
+    cfg = TrainConfig(batch_size=8, steps=4, warmup_steps=0, checkpoint_every=2, progress=False)
+    _run(tmp_path, "a", cfg, stop_at=2)
+    other = ExecutionConfig(causal_block_size=None, remat=True, grad_forms="autodiff")
+    model = GPT(dataclasses.replace(TINY, dropout=0.1), rngs=nnx.Rngs(0), execution=other)
+    _, state, summary = _run(tmp_path, "a", cfg, model=model)
+    assert summary["resumed_from"] == 2 and int(state.step) == 4
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert saved["execution"] == other.to_dict() and "remat" not in saved["model"]
 
 
 def test_unwritable_run_dir_is_a_clear_error(tmp_path):

@@ -30,11 +30,8 @@ import numpy as np
 from flax import nnx
 
 from txjax import cost
-from txjax.config import BertConfig, GPTConfig, T5Config, TransformerConfig
+from txjax.config import CONFIGS, ExecutionConfig, TransformerConfig
 from txjax.models import MODELS
-
-CONFIGS = {cls.family: cls for cls in (GPTConfig, BertConfig, T5Config)}
-"""config.family -> config class, keyed by each class's own `family` (models: txjax.models.MODELS)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,17 +109,17 @@ def make_batch(config: TransformerConfig, batch: int, seq: int, seed: int = 0) -
     return {"inputs": ids(), "targets": ids()}
 
 
-def build_model(config: TransformerConfig, seed: int = 0):
-    return MODELS[config.family](config, rngs=nnx.Rngs(seed))
+def build_model(config: TransformerConfig, seed: int = 0, execution: ExecutionConfig | None = None):
+    return MODELS[config.family](config, rngs=nnx.Rngs(seed), execution=execution)
 
 
-def bench_train(config: TransformerConfig, bench: BenchConfig) -> dict:
+def bench_train(config: TransformerConfig, bench: BenchConfig, execution: ExecutionConfig | None = None) -> dict:
     """Time the train step; measure the peak; return the report's fields."""
     from txjax.train.config import TrainConfig
     from txjax.train.steps import LOSSES, Stepper
 
     dtype = jnp.dtype(config.dtype)  # of the model's matmuls, so of the peak ones too
-    model = build_model(config, bench.seed)
+    model = build_model(config, bench.seed, execution)
     train_cfg = TrainConfig(batch_size=bench.batch, steps=max(bench.steps + bench.warmup, 1),
                             warmup_steps=1, progress=False)
     stepper = Stepper(model, LOSSES[config.family], train_cfg)
@@ -215,13 +212,13 @@ def bench_decode(config: TransformerConfig, batch: int, new_tokens: int, repeats
             "decode_tokens_per_s": batch * new_tokens / median}
 
 
-def format_table(config: TransformerConfig, result: dict) -> str:
+def format_table(config: TransformerConfig, result: dict, execution: ExecutionConfig | None = None) -> str:
     """Human-readable summary of `bench_train`'s result."""
-    c = config
+    c, e = config, ExecutionConfig() if execution is None else execution
     rows = [
         f"train step: {c.family}  V {c.vocab_size}  T {result['seq']}  D {c.d_model}  N {c.num_heads}  "
         f"L {c.num_layers}  F {c.d_ff}  B {result['batch']}  {result['dtype']}  attention "
-        f"{c.attention_impl}",
+        f"{e.attention_impl}",
         f"backend {result['backend']} ({result['devices']}), params {result['params']:,}, "
         f"compile {result['compile_s']:.1f} s",
         "",
@@ -261,31 +258,37 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="compute dtype (config.dtype): bfloat16 is mixed precision, float32 "
                         "parameters and optimizer state as in training")
     p.add_argument("--attention", choices=("reference", "xla", "cudnn"), default="reference",
-                   help="attention implementation (config.attention_impl; cudnn: NVIDIA GPU, bfloat16)")
+                   help="attention implementation (ExecutionConfig.attention_impl; cudnn: NVIDIA GPU, bfloat16)")
     p.add_argument("--causal-block-size", default="config",
-                   help="config.causal_block_size: query block length of causal attention, 'none' "
+                   help="ExecutionConfig.causal_block_size: query block length of causal attention, 'none' "
                         "for unblocked, 'config' (default) for the config's own")
+    p.add_argument("--grad-forms", choices=("auto", "autodiff", "xla_cpu"), default="auto",
+                   help="ExecutionConfig.grad_forms: the float32 matmul gradients' form (auto: xla_cpu on CPU)")
     p.add_argument("--decode", type=int, default=0, metavar="NEW_TOKENS",
                    help="also time cached decoding (txjax.decoding.generate) of this many new tokens")
     return p.parse_args(argv)
 
 
 def config_from_args(args: argparse.Namespace) -> TransformerConfig:
-    fields = dict(vocab_size=args.vocab, max_len=args.seq, d_model=args.d_model, num_heads=args.heads,
-                  num_layers=args.layers, d_ff=args.d_ff, dtype=args.dtype, attention_impl=args.attention)
+    return CONFIGS[args.arch](vocab_size=args.vocab, max_len=args.seq, d_model=args.d_model,
+                              num_heads=args.heads, num_layers=args.layers, d_ff=args.d_ff, dtype=args.dtype)
+
+
+def execution_from_args(args: argparse.Namespace) -> ExecutionConfig:
+    fields = dict(attention_impl=args.attention, grad_forms=args.grad_forms)
     if args.causal_block_size != "config":
         fields["causal_block_size"] = (None if args.causal_block_size.lower() == "none"
                                        else int(args.causal_block_size))
-    return CONFIGS[args.arch](**fields)
+    return ExecutionConfig(**fields)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    config = config_from_args(args)
+    config, execution = config_from_args(args), execution_from_args(args)
     bench = BenchConfig(batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
                         burst=args.burst)
-    result = bench_train(config, bench)
-    print(format_table(config, result))
+    result = bench_train(config, bench, execution)
+    print(format_table(config, result, execution))
     if args.decode:
         result.update(bench_decode(config, args.batch, args.decode))
         print(f"  cached decoding, {args.decode} new tokens x {args.batch} rows: "
@@ -294,9 +297,8 @@ def main(argv=None) -> dict:
     return result
 
 
-
-
-def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: str | None = None) -> dict:
+def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: str | None = None,
+                      execution: ExecutionConfig | None = None) -> dict:
     """XLA's compiled memory plan of the real train step (nothing is run); `dtype`
     overrides the config's compute dtype.
 
@@ -307,7 +309,7 @@ def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: st
     from txjax.train.config import TrainConfig
     from txjax.train.steps import LOSSES, Stepper
 
-    model = build_model(config if dtype is None else config.replace(dtype=dtype), 0)
+    model = build_model(config if dtype is None else config.replace(dtype=dtype), 0, execution)
     stepper = Stepper(model, LOSSES[config.family], TrainConfig(batch_size=batch, progress=False))
     state = jax.eval_shape(stepper.init_state)
     data = jax.eval_shape(lambda: make_batch(config, batch, seq))

@@ -190,12 +190,15 @@ class T5Config(TransformerConfig):
 EXECUTION_FIELDS = tuple(f.name for f in dataclasses.fields(ExecutionConfig))
 
 
+CONFIGS = {cls.family: cls for cls in (GPTConfig, BertConfig, T5Config)}
+"""config.family -> config class, the one registry of configs (models: txjax.models.MODELS)."""
+
+
 def config_from_dict(d: dict) -> TransformerConfig:
     """Inverse of `to_dict`. Execution fields, which run folders written before they had their
     own config kept in the model's, are dropped: they never changed what a model computes."""
     d = {k: v for k, v in d.items() if k not in EXECUTION_FIELDS}
     family = d.pop("family")
-    classes = {c.family: c for c in (GPTConfig, BertConfig, T5Config)}
-    if family not in classes:
-        raise ValueError(f"unknown model family {family!r}; expected one of {sorted(classes)}")
-    return classes[family](**d)
+    if family not in CONFIGS:
+        raise ValueError(f"unknown model family {family!r}; expected one of {sorted(CONFIGS)}")
+    return CONFIGS[family](**d)

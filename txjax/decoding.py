@@ -277,4 +277,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from txjax.hostmem import reuse_host_memory
+
+    reuse_host_memory()  # before JAX runs anything: see txjax/hostmem.py
     main()

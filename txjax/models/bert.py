@@ -32,6 +32,7 @@ class Bert(nnx.Module):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         execution = ExecutionConfig() if execution is None else execution
         self.config = config
+        self.execution = execution
         self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.segments = Embed(config.type_vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.embed_norm = make_norm(config) if config.embedding_norm else None

@@ -17,6 +17,7 @@ class GPT(nnx.Module):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         execution = ExecutionConfig() if execution is None else execution
         self.config = config
+        self.execution = execution
         self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.decoder = TransformerStack(config, config.num_layers, causal=True, cross=False, rngs=rngs,

@@ -15,7 +15,7 @@ import csv
 import os
 
 from txjax import bench, cost
-from txjax.config import GPTConfig
+from txjax.config import ExecutionConfig, GPTConfig
 
 MiB = 2**20
 
@@ -23,9 +23,9 @@ MiB = 2**20
 # How attention is run: the two implementations over whole score matrices, and the
 # default, query blocks of 64 that skip the causal mask's upper triangle.
 ATTENTION = {
-    "reference": dict(attention_impl="reference", causal_block_size=None),
-    "xla": dict(attention_impl="xla", causal_block_size=None),
-    "blocked": dict(attention_impl="reference", causal_block_size=64),
+    "reference": ExecutionConfig(attention_impl="reference", causal_block_size=None),
+    "xla": ExecutionConfig(attention_impl="xla", causal_block_size=None),
+    "blocked": ExecutionConfig(attention_impl="reference", causal_block_size=64),
 }
 
 
@@ -33,8 +33,8 @@ def measure(config: GPTConfig, batch: int, seqs: list[int], impls: list[str]) ->
     rows = []
     for impl in impls:
         for t in seqs:
-            c = config.replace(max_len=t, **ATTENTION[impl])
-            plan = bench.train_step_memory(c, batch, t)
+            c = config.replace(max_len=t)
+            plan = bench.train_step_memory(c, batch, t, execution=ATTENTION[impl])
             pred = cost.train_step_bytes(c, batch, t)
             act = cost.activation_bytes(c, batch, t)
             rows.append({

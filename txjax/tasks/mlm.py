@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from txjax.config import BertConfig
+from txjax.config import BertConfig, ExecutionConfig
 from txjax.data import BatchIterator, CharTokenizer, mlm_mask, pack_tokens
 from txjax.models import Bert
 from txjax.tasks.text import (
@@ -48,7 +48,7 @@ def mlm_transform(tok: CharTokenizer, rate: float):
 
 
 def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
-             stop_at: int | None = None, log=print) -> dict:
+             execution: ExecutionConfig | None = None, stop_at: int | None = None, log=print) -> dict:
     """Train BERT with MLM; report held-out MLM loss and accuracy; write the run folder."""
     prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
     t0 = time.perf_counter()
@@ -59,7 +59,7 @@ def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConf
     held_rows = held_rows[: run_cfg.heldout_examples]
     log(f"corpus {name}: {len(train_rows)} train / {len(held_rows)} held-out rows of {run_cfg.seq_len}, "
         f"vocab {tok.vocab_size}")
-    model = Bert(model_cfg, rngs=nnx.Rngs(train_cfg.seed))
+    model = Bert(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     log(f"BERT: {n_params(model):,} parameters")
     transform = mlm_transform(tok, run_cfg.mask_rate)
     batches = BatchIterator(train_rows, train_cfg.batch_size, seed=train_cfg.seed, transform=transform)

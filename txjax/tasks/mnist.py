@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from txjax.config import GPTConfig
+from txjax.config import ExecutionConfig, GPTConfig
 from txjax.data import BatchIterator, PatchTokenizer, ar_shift, load_mnist
 from txjax.decoding import check_sampling, generate
 from txjax.models import GPT
@@ -125,7 +125,7 @@ def sample_digits(model, tok: PatchTokenizer, n: int, key, temperature: float = 
 
 
 def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRunConfig,
-                  *, stop_at: int | None = None, log=print) -> dict:
+                  *, execution: ExecutionConfig | None = None, stop_at: int | None = None, log=print) -> dict:
     """Train (or resume) a GPT on binarized MNIST, then score the test set and draw samples.
 
     Writes config.json, metrics.jsonl, checkpoints/, loss.png, samples.png and
@@ -141,7 +141,7 @@ def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRu
         raise ValueError(f"max_len={model_cfg.max_len} is shorter than the {tok.seq_len - 1} input tokens")
     log(f"MNIST from {source}: {len(train_BT)} train / {len(test_BT)} test images, "
         f"{tok.seq_len} tokens each (BOS {tok.bos_id}, vocab {tok.vocab_size})")
-    model = GPT(model_cfg, rngs=nnx.Rngs(train_cfg.seed))
+    model = GPT(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     log(f"GPT: {n_params:,} parameters, {model_cfg.num_layers} layers, d_model {model_cfg.d_model}")
     batches = BatchIterator(train_BT, train_cfg.batch_size, seed=train_cfg.seed, transform=shifted)

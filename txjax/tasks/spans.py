@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from txjax.config import T5Config
+from txjax.config import ExecutionConfig, T5Config
 from txjax.data import BatchIterator, CharTokenizer, pack_tokens, random_spans_helper, t5_span_corruption_batch
 from txjax.decoding import generate
 from txjax.models import T5
@@ -103,7 +103,7 @@ def show_spans(tok: CharTokenizer, ids: np.ndarray) -> str:
 
 
 def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
-           stop_at: int | None = None, log=print) -> dict:
+           execution: ExecutionConfig | None = None, stop_at: int | None = None, log=print) -> dict:
     """Train T5 with span corruption; report held-out loss and print decoded spans beside the truth."""
     prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
     t0 = time.perf_counter()
@@ -116,7 +116,7 @@ def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, 
     held_rows = held_rows[: run_cfg.heldout_examples]
     log(f"corpus {name}: {len(train_rows)} train / {len(held_rows)} held-out examples; "
         f"{raw_len} raw tokens -> {run_cfg.seq_len} encoder / {targets_length} decoder tokens, vocab {tok.vocab_size}")
-    model = T5(model_cfg, rngs=nnx.Rngs(train_cfg.seed))
+    model = T5(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     log(f"T5: {n_params(model):,} parameters")
     transform = span_transform(tok, run_cfg)
     batches = BatchIterator(train_rows, train_cfg.batch_size, seed=train_cfg.seed, transform=transform)

@@ -43,10 +43,9 @@ def config_sections(model_cfg, train_cfg: TrainConfig, run_cfg) -> dict[str, dic
     return {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "run": dataclasses.asdict(run_cfg)}
 
 
-# Fields that may differ between a checkpoint and the run resuming it.
-# The model fields are how attention is executed, not what it computes.
-RESUME_IGNORES = {"model": ("attention_impl", "causal_block_size", "remat"),
-                  "train": TrainConfig.RESUMABLE_CHANGES,
+# Fields that may differ between a checkpoint and the run resuming it. The model's
+# execution (txjax.config.ExecutionConfig) is recorded beside these but never compared.
+RESUME_IGNORES = {"train": TrainConfig.RESUMABLE_CHANGES,
                   "run": ("overwrite", "runs_dir", "temperature", "num_samples", "top_k", "show")}
 
 
@@ -68,12 +67,14 @@ def train_run(
 ) -> tuple[Stepper, TrainState, dict]:
     """Prepare the run folder, resume or start, train, and return (stepper, state, fit summary).
 
-    extra_meta: more JSON saved in config.json and checkpoints (e.g. the tokenizer).
+    extra_meta: more JSON saved in config.json and checkpoints (e.g. the tokenizer); the
+    model's execution config is saved there too, as "execution".
     eval_fn(stepper, params) -> {name: value}: held-out metrics during and after training.
     """
     run_dir = prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)
     sections = config_sections(model.config, train_cfg, run_cfg)
-    write_json(run_dir / "config.json", {**sections, **(extra_meta or {})})
+    extra_meta = {"execution": model.execution.to_dict(), **(extra_meta or {})}
+    write_json(run_dir / "config.json", {**sections, **extra_meta})
     stepper = Stepper(model, loss_fn, train_cfg)
     checkpointer = Checkpointer(run_dir / "checkpoints", keep=train_cfg.keep_checkpoints)
     try:
@@ -84,7 +85,7 @@ def train_run(
             log(f"{run_dir} already finished {start} steps")
         state, summary = fit(
             stepper, state, batches, run_dir=run_dir, checkpointer=checkpointer,
-            meta={**sections, **(extra_meta or {})}, start_step=start,
+            meta={**sections, **extra_meta}, start_step=start,
             eval_fn=None if eval_fn is None else (lambda params: eval_fn(stepper, params)),
             stop_at=stop_at, log=log,
         )
