@@ -15,11 +15,9 @@ from _local_data import or_local  # experiments/_local_data.py: ../shared/data b
 from txjax.config import ExecutionConfig, BertConfig
 from txjax.tasks.mlm import run_bert
 from txjax.tasks.text import TextRunConfig
-from txjax.train.checkpoint import CheckpointMismatch
-from txjax.train.cli import build_parser, parse_configs
+from txjax.train.cli import script_parser
 from txjax.train.config import TrainConfig
-from txjax.train.experiment import cpu_hint, fail
-from txjax.train.loop import NonFiniteLoss, RunDirError
+from txjax.train.experiment import train_script
 
 PRESETS = {
     # Sized for one accelerator: 6 layers, D 384.
@@ -42,23 +40,12 @@ PRESETS = {
 
 
 def make_parser(configs):
-    return build_parser(
-        __doc__.splitlines()[0],
-        {"model": ("model (BertConfig)", configs["model"]), "train": ("training (TrainConfig)", configs["train"]),
-         "run": ("run (TextRunConfig)", configs["run"]),
-         "execution": ("execution (ExecutionConfig: how it runs, may change on resume)", configs["execution"])},
-        presets=list(PRESETS), default_preset="default",
-    )
+    return script_parser(__doc__.splitlines()[0], configs, PRESETS)
 
 
 def main(argv=None) -> dict:
-    preset, cfg = parse_configs(make_parser, PRESETS, argv, "default")
-    cpu_hint(preset)
-    run = or_local(cfg["run"], "corpus", "tinyshakespeare.txt")
-    try:
-        return run_bert(cfg["model"], cfg["train"], run, execution=cfg["execution"])
-    except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
-        fail(str(err))
+    return train_script(run_bert, PRESETS, make_parser, argv,
+                        locate=lambda run: or_local(run, "corpus", "tinyshakespeare.txt"))
 
 
 if __name__ == "__main__":

@@ -13,11 +13,9 @@ import sys
 from _local_data import or_local  # experiments/_local_data.py: ../shared/data beside the repo
 from txjax.config import ExecutionConfig, GPTConfig
 from txjax.tasks.mnist import MnistRunConfig, run_gpt_mnist
-from txjax.train.checkpoint import CheckpointMismatch
-from txjax.train.cli import build_parser, parse_configs
+from txjax.train.cli import script_parser
 from txjax.train.config import TrainConfig
-from txjax.train.experiment import cpu_hint, fail
-from txjax.train.loop import NonFiniteLoss, RunDirError
+from txjax.train.experiment import train_script
 
 PRESETS = {
     # Sized for one accelerator: 6.4M parameters, 12,000 steps of 128 images (25 epochs).
@@ -43,23 +41,12 @@ PRESETS = {
 
 
 def make_parser(configs):
-    return build_parser(
-        __doc__.splitlines()[0],
-        {"model": ("model (GPTConfig)", configs["model"]), "train": ("training (TrainConfig)", configs["train"]),
-         "run": ("run (MnistRunConfig)", configs["run"]),
-         "execution": ("execution (ExecutionConfig: how it runs, may change on resume)", configs["execution"])},
-        presets=list(PRESETS), default_preset="default",
-    )
+    return script_parser(__doc__.splitlines()[0], configs, PRESETS)
 
 
 def main(argv=None) -> dict:
-    preset, cfg = parse_configs(make_parser, PRESETS, argv, "default")
-    cpu_hint(preset)
-    run = or_local(cfg["run"], "data", "mnist.npz")
-    try:
-        return run_gpt_mnist(cfg["model"], cfg["train"], run, execution=cfg["execution"])
-    except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
-        fail(str(err))
+    return train_script(run_gpt_mnist, PRESETS, make_parser, argv,
+                        locate=lambda run: or_local(run, "data", "mnist.npz"))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from txjax import GPTConfig, ops
+from txjax import GPTConfig
 from txjax.config import ExecutionConfig
 from txjax.nn.layers import Dense
 from txjax.ops import gelu, xla_cpu

@@ -388,7 +388,6 @@ def report(config: TransformerConfig, name: str = "", seq_len: int | None = None
             lines.append(f"  {key:<24}{value:>16,}  {100 * value / counts['total']:6.2f}%")
 
     fwd = forward_flops(config, 1, t)
-    n_tok = tokens_per_step(config, 1, t)
     lines += ["", f"forward FLOPs per sequence of T = {t} (2mnk per matmul; train = 3x)"]
     for key, value in fwd.items():
         if value or key in ("embeddings", "total"):

@@ -8,6 +8,7 @@ from flax import nnx
 
 from txjax import ops
 from txjax.config import BertConfig, ExecutionConfig
+from txjax.models.base import Model
 from txjax.nn import Embed, TransformerStack, check_tokens, make_norm
 from txjax.nn.layers import Dense, dense_kwargs
 
@@ -26,20 +27,16 @@ class MLMHead(nnx.Module):
         return embed.attend(h_BTD) + self.bias[...][None, None, :]
 
 
-class Bert(nnx.Module):
+class Bert(Model):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None,
                  execution: ExecutionConfig | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
-        execution = ExecutionConfig() if execution is None else execution
-        self.config = config
-        self.execution = execution
-        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
+        super().__init__(config, rngs, execution)
         self.segments = Embed(config.type_vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.embed_norm = make_norm(config) if config.embedding_norm else None
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs,
-                                        execution=execution)
-        self.mlm = MLMHead(config, rngs=rngs, execution=execution)
+                                        execution=self.execution)
+        self.mlm = MLMHead(config, rngs=rngs, execution=self.execution)
 
     def valid(self, tokens_BT: jax.Array) -> jax.Array | None:
         """False at [PAD] tokens, whose keys no query sees; None without a pad id."""

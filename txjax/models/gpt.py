@@ -7,23 +7,18 @@ import jax.numpy as jnp
 from flax import nnx
 
 from txjax.config import ExecutionConfig, GPTConfig
-from txjax.nn import Embed, KVCache, TransformerStack, check_tokens
-from txjax.nn.layers import Dense, dense_kwargs
+from txjax.models.base import Model
+from txjax.nn import KVCache, TransformerStack, check_tokens
 
 
-class GPT(nnx.Module):
+class GPT(Model):
     def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs | None = None,
                  execution: ExecutionConfig | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
-        execution = ExecutionConfig() if execution is None else execution
-        self.config = config
-        self.execution = execution
-        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        super().__init__(config, rngs, execution)
         self.decoder = TransformerStack(config, config.num_layers, causal=True, cross=False, rngs=rngs,
-                                        execution=execution)
-        self.head = None if config.tie_embeddings else Dense(
-            config.d_model, config.vocab_size, **dense_kwargs(config, execution, rngs, use_bias=False))
+                                        execution=self.execution)
+        self.head = self.untied_head(rngs)
 
     def valid(self, tokens_BT: jax.Array) -> jax.Array | None:
         """False at pad tokens, whose keys no query sees; None without a pad id."""

@@ -7,25 +7,19 @@ import jax.numpy as jnp
 from flax import nnx
 
 from txjax.config import ExecutionConfig, T5Config
-from txjax.nn import Embed, KVCache, TransformerStack, check_tokens
-from txjax.nn.layers import Dense, dense_kwargs
+from txjax.models.base import Model
+from txjax.nn import KVCache, TransformerStack, check_tokens
 
 
-class T5(nnx.Module):
+class T5(Model):
     def __init__(self, config: T5Config, *, rngs: nnx.Rngs | None = None,
                  execution: ExecutionConfig | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
-        execution = ExecutionConfig() if execution is None else execution
-        self.config = config
-        self.execution = execution
-        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs,
-                                        execution=execution)
-        self.decoder = TransformerStack(config, config.decoder_layers, causal=True, cross=True, rngs=rngs,
-                                        execution=execution)
-        self.head = None if config.tie_embeddings else Dense(
-            config.d_model, config.vocab_size, **dense_kwargs(config, execution, rngs, use_bias=False))
+        super().__init__(config, rngs, execution)
+        stack = dict(rngs=rngs, execution=self.execution)
+        self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, **stack)
+        self.decoder = TransformerStack(config, config.decoder_layers, causal=True, cross=True, **stack)
+        self.head = self.untied_head(rngs)
 
     def encoder_valid(self, enc_tokens_BS: jax.Array) -> jax.Array | None:
         """False at <pad> encoder tokens, whose keys no query sees; None without a pad id."""

@@ -26,7 +26,6 @@ from txjax import GPT, T5
 from txjax.config import POSITIONS, GPTConfig, T5Config
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
-    fmt_mean_std,
     git_revision,
     init_params,
     markdown_table,

@@ -9,22 +9,20 @@ import numpy as np
 from flax import nnx
 
 from txjax.config import BertConfig, ExecutionConfig
-from txjax.data import BatchIterator, CharTokenizer, mlm_mask, pack_tokens
+from txjax.data import CharTokenizer, mlm_mask, pack_tokens
 from txjax.models import Bert
 from txjax.tasks.text import (
     TextRunConfig,
-    batches_of,
     check_len,
     corpus_split,
     encode_masked,
     fit_numbers,
     n_params,
-    tokenizer_meta,
+    train_with_held_out,
     with_vocab,
     write_summary,
 )
 from txjax.train.config import TrainConfig
-from txjax.train.experiment import train_run
 from txjax.train.loop import prepare_run_dir
 from txjax.train.steps import bert_loss
 
@@ -61,18 +59,9 @@ def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConf
         f"vocab {tok.vocab_size}")
     model = Bert(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     log(f"BERT: {n_params(model):,} parameters")
-    transform = mlm_transform(tok, run_cfg.mask_rate)
-    batches = BatchIterator(train_rows, train_cfg.batch_size, seed=train_cfg.seed, transform=transform)
-    held = transform(held_rows, np.random.default_rng([train_cfg.seed, 99]))  # one fixed masking
-    held_batches = batches_of(held, run_cfg.eval_batch_size) or [held]
-
-    def eval_fn(stepper, params):
-        return stepper.evaluate(params, held_batches[: train_cfg.eval_batches])
-
-    stepper, state, fit_summary = train_run(model, bert_loss, train_cfg, run_cfg, batches,
-                                            extra_meta=tokenizer_meta(tok), eval_fn=eval_fn,
-                                            stop_at=stop_at, log=log)
-    final = stepper.evaluate(state.params, held_batches)
+    stepper, state, fit_summary, _, final = train_with_held_out(
+        model, bert_loss, mlm_transform(tok, run_cfg.mask_rate), train_rows, held_rows, tok, train_cfg,
+        run_cfg, stop_at=stop_at, log=log)
     summary = {"heldout_mlm_loss": final["loss"], "heldout_mlm_accuracy": final["accuracy"],
                "heldout_predicted_tokens": final["tokens"], **fit_numbers(fit_summary),
                "total_wall_s": time.perf_counter() - t0}

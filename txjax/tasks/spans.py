@@ -10,24 +10,22 @@ import numpy as np
 from flax import nnx
 
 from txjax.config import ExecutionConfig, T5Config
-from txjax.data import BatchIterator, CharTokenizer, pack_tokens, random_spans_helper, t5_span_corruption_batch
+from txjax.data import CharTokenizer, pack_tokens, random_spans_helper, t5_span_corruption_batch
 from txjax.decoding import generate
 from txjax.models import T5
 from txjax.tasks.text import (
     TextRunConfig,
-    batches_of,
     check_len,
     corpus_split,
     encode_masked,
     fit_numbers,
     masked_prompt,
     n_params,
-    tokenizer_meta,
+    train_with_held_out,
     with_vocab,
     write_summary,
 )
 from txjax.train.config import TrainConfig
-from txjax.train.experiment import train_run
 from txjax.train.loop import prepare_run_dir
 from txjax.train.steps import t5_loss
 
@@ -118,18 +116,9 @@ def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, 
         f"{raw_len} raw tokens -> {run_cfg.seq_len} encoder / {targets_length} decoder tokens, vocab {tok.vocab_size}")
     model = T5(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     log(f"T5: {n_params(model):,} parameters")
-    transform = span_transform(tok, run_cfg)
-    batches = BatchIterator(train_rows, train_cfg.batch_size, seed=train_cfg.seed, transform=transform)
-    held = transform(held_rows, np.random.default_rng([train_cfg.seed, 99]))
-    held_batches = batches_of(held, run_cfg.eval_batch_size) or [held]
-
-    def eval_fn(stepper, params):
-        return stepper.evaluate(params, held_batches[: train_cfg.eval_batches])
-
-    stepper, state, fit_summary = train_run(model, t5_loss, train_cfg, run_cfg, batches,
-                                            extra_meta=tokenizer_meta(tok), eval_fn=eval_fn,
-                                            stop_at=stop_at, log=log)
-    final = stepper.evaluate(state.params, held_batches)
+    stepper, state, fit_summary, held, final = train_with_held_out(
+        model, t5_loss, span_transform(tok, run_cfg), train_rows, held_rows, tok, train_cfg, run_cfg,
+        stop_at=stop_at, log=log)
     examples = []
     if run_cfg.show:
         n = min(run_cfg.show, len(held["enc_inputs"]))

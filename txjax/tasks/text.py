@@ -16,8 +16,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from txjax.data import CharTokenizer, load_corpus
-from txjax.train.experiment import RunConfig
+from txjax.data import BatchIterator, CharTokenizer, load_corpus
+from txjax.train.config import TrainConfig
+from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import write_json
 from txjax.train.plots import plot_loss_curve
 
@@ -75,6 +76,25 @@ def tokenizer_meta(tok: CharTokenizer) -> dict:
     """The tokenizer as saved in config.json and every checkpoint."""
     return {"tokenizer": {"kind": "char", "family": tok.family, "chars": "".join(tok.chars),
                           "num_sentinels": tok.num_sentinels}}
+
+
+def train_with_held_out(model, loss_fn, transform, train_rows, held_rows, tok: CharTokenizer,
+                        train_cfg: TrainConfig, run_cfg: TextRunConfig, *, stop_at=None, log=print):
+    """train_run on `transform`ed rows, evaluated on one fixed transform of the held-out rows.
+
+    Returns (stepper, state, fit summary, the held-out batch, final held-out metrics).
+    """
+    batches = BatchIterator(train_rows, train_cfg.batch_size, seed=train_cfg.seed, transform=transform)
+    held = transform(held_rows, np.random.default_rng([train_cfg.seed, 99]))  # one fixed masking
+    held_batches = batches_of(held, run_cfg.eval_batch_size) or [held]
+
+    def eval_fn(stepper, params):
+        return stepper.evaluate(params, held_batches[: train_cfg.eval_batches])
+
+    stepper, state, fit_summary = train_run(model, loss_fn, train_cfg, run_cfg, batches,
+                                            extra_meta=tokenizer_meta(tok), eval_fn=eval_fn,
+                                            stop_at=stop_at, log=log)
+    return stepper, state, fit_summary, held, stepper.evaluate(state.params, held_batches)
 
 
 def tokenizer_from_meta(meta: dict) -> CharTokenizer:

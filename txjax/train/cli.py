@@ -110,6 +110,17 @@ def build_parser(description: str, configs: dict[str, tuple[str, Any]], presets:
     return parser
 
 
+GROUP_TITLES = {"model": "model", "train": "training", "run": "run",
+                "execution": "execution: how it runs; may change when a run resumes"}
+
+
+def script_parser(description: str, configs: dict[str, Any], presets: Sequence[str]) -> argparse.ArgumentParser:
+    """A train script's parser: `--preset` (default "default") and a flag group per config."""
+    return build_parser(
+        description, {name: (f"{GROUP_TITLES.get(name, name)} ({type(c).__name__})", c) for name, c in configs.items()},
+        presets=list(presets), default_preset="default")
+
+
 def apply_flags(parser: argparse.ArgumentParser, args: argparse.Namespace,
                 configs: dict[str, Any]) -> dict[str, Any]:
     """The configs with the flags that were given applied; a bad value is a parser error."""

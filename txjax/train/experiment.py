@@ -15,9 +15,10 @@ from typing import Any
 
 import jax
 
-from txjax.train.checkpoint import Checkpointer
+from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
+from txjax.train.cli import parse_configs
 from txjax.train.config import TrainConfig
-from txjax.train.loop import fit, prepare_run_dir, restore_or_init, write_json
+from txjax.train.loop import NonFiniteLoss, RunDirError, fit, prepare_run_dir, restore_or_init, write_json
 from txjax.train.steps import Stepper, TrainState
 
 
@@ -100,6 +101,20 @@ def cpu_hint(preset: str, log: Callable[[str], None] = print) -> None:
     if preset != "cpu" and not on_accelerator():
         log("note: no accelerator found; this preset is sized for one and will be slow on CPU. "
             "Try --preset cpu.")
+
+
+def train_script(run_fn, presets: dict, make_parser, argv=None, *, locate: Callable = lambda run: run) -> dict:
+    """What a train_*.py script does: parse `--preset` and the flags, point at the CPU preset on a
+    CPU, then `run_fn(model, train, locate(run), execution=...)`; an error a user can fix is one line.
+
+    locate(run config) -> run config: the script's chance to fill in data paths.
+    """
+    preset, cfg = parse_configs(make_parser, presets, argv, "default")
+    cpu_hint(preset)
+    try:
+        return run_fn(cfg["model"], cfg["train"], locate(cfg["run"]), execution=cfg["execution"])
+    except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
+        fail(str(err))
 
 
 def fail(message: str, code: int = 1) -> None:
