@@ -56,6 +56,9 @@ def test_field_docs_include_inherited_fields():
     docs = field_docs(MnistRunConfig)
     assert docs["runs_dir"] == "parent folder of all runs"
     assert docs["name"].startswith("run folder name")
+    from txjax.config import BertConfig
+
+    assert field_docs(BertConfig)["norm_position"].startswith('"pre"')  # a new default keeps the base's text
 
 
 def test_presets_and_overrides():
