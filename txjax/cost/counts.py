@@ -1,0 +1,160 @@
+"""Parameter and matmul-FLOP counts of a config: per component, forward, training, per token."""
+
+from __future__ import annotations
+
+from txjax.config import BertConfig, TransformerConfig
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def _norm_params(config: TransformerConfig) -> int:
+    return 2 * config.d_model if config.norm == "layer" else config.d_model
+
+
+def _attention_params(config: TransformerConfig) -> int:
+    """Q, K, V: D -> N·H; O: N·H -> D; biases when `use_bias`. The notes' 4·D² when N·H = D."""
+    d, inner = config.d_model, config.num_heads * config.head_size
+    bias = (3 * inner + d) if config.use_bias else 0
+    return 4 * d * inner + bias
+
+
+def _ffn_params(config: TransformerConfig) -> int:
+    d, f = config.d_model, config.d_ff
+    matrices = 3 if config.gated else 2
+    bias = ((2 if config.gated else 1) * f + d) if config.use_bias else 0
+    return matrices * d * f + bias
+
+
+def _position_params(config: TransformerConfig) -> int:
+    """Per stack: a learned [max_len, D] table, or T5's [buckets, N] relative table."""
+    if config.position == "learned":
+        return config.max_len * config.d_model
+    if config.position == "t5":
+        return config.num_buckets * config.num_heads
+    return 0
+
+
+def param_counts(config: TransformerConfig) -> dict[str, int]:
+    """Parameters per component, and "total"; equal to the model's real nnx.Param tree.
+
+    Components: token_embedding, segment_embedding (BERT), positions (per stack),
+    attention (self-attention, every layer of every stack), cross_attention (T5
+    decoder), feed_forward, norms (block, final and embedding norms), head (an
+    untied output projection, or BERT's MLM transform and output bias).
+    """
+    d, v = config.d_model, config.vocab_size
+    family = config.family
+    stacks = [(config.num_layers, False)]  # (layers, cross-attends)
+    if family == "t5":
+        stacks.append((config.decoder_layers, True))
+    layers = sum(n for n, _ in stacks)
+    cross_layers = sum(n for n, cross in stacks if cross)
+    block_norms = sum(n * (3 if cross else 2) for n, cross in stacks)
+    final_norms = len(stacks) if config.norm_position == "pre" else 0
+
+    counts = {
+        "token_embedding": v * d,
+        "segment_embedding": 0,
+        "positions": len(stacks) * _position_params(config),
+        "attention": layers * _attention_params(config),
+        "cross_attention": cross_layers * _attention_params(config),
+        "feed_forward": layers * _ffn_params(config),
+        "norms": (block_norms + final_norms) * _norm_params(config),
+        "head": 0,
+    }
+    if family == "bert":
+        assert isinstance(config, BertConfig)
+        counts["segment_embedding"] = config.type_vocab_size * d
+        if config.embedding_norm:
+            counts["norms"] += _norm_params(config)
+        # MLM transform: dense D -> D with bias, a norm, then the tied decoder's bias [V].
+        counts["head"] = d * d + d + _norm_params(config) + v
+    elif not config.tie_embeddings:
+        counts["head"] = d * v
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def param_count(config: TransformerConfig) -> int:
+    """Total parameters of the model the config builds."""
+    return param_counts(config)["total"]
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def matmul_flops(m: int, k: int, n: int) -> int:
+    """[m, k] @ [k, n]: m·n dot products of length k, 2·m·k·n FLOPs."""
+    return 2 * m * k * n
+
+
+def attention_flops(n_q: int, n_kv: int, d_model: int, inner: int | None = None) -> dict[str, int]:
+    """One attention layer over one sequence: n_q queries, n_kv keys.
+
+    Self-attention (n_q = n_kv = n, inner = D): projections 8·n·D², scores and
+    weighted sum 4·n²·D — the notes' 8·n·D² + 4·n²·D. The O(n²·N) softmax is left out.
+    """
+    inner = d_model if inner is None else inner
+    return {
+        "attention_projections": matmul_flops(n_q, d_model, inner) * 2  # Q and O
+        + matmul_flops(n_kv, d_model, inner) * 2,  # K and V
+        "attention_scores": matmul_flops(n_q, inner, n_kv) * 2,  # Q Kᵀ and weights · V
+    }
+
+
+def forward_flops(
+    config: TransformerConfig, batch: int, seq_len: int, dec_len: int | None = None
+) -> dict[str, int]:
+    """Matmul FLOPs of one forward pass over `batch` sequences, by component, and "total".
+
+    GPT and BERT: `seq_len` tokens each. T5: `seq_len` encoder tokens and `dec_len`
+    decoder tokens (default `seq_len`). Attention counts the full n² score matrix
+    (the causal mask saves nothing in a dense kernel). The embedding lookup is a
+    gather and does no multiply-adds, so "embeddings" is 0; the tied or untied head
+    is the [n, D] @ [D, V] matmul.
+    """
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    inner = config.num_heads * config.head_size
+    t5 = config.family == "t5"
+    dec_len = seq_len if dec_len is None else dec_len
+    # (layers, query length) per stack; T5's decoder also cross-attends to seq_len keys.
+    stacks = [(config.num_layers, seq_len)]
+    if t5:
+        stacks.append((config.decoder_layers, dec_len))
+    out_len = dec_len if t5 else seq_len
+    ffn_matrices = 3 if config.gated else 2
+
+    totals = dict(attention_projections=0, attention_scores=0, cross_attention=0,
+                  feed_forward=0, embeddings=0, head=0)
+    for layers, n in stacks:
+        self_attn = attention_flops(n, n, d, inner)
+        totals["attention_projections"] += layers * batch * self_attn["attention_projections"]
+        totals["attention_scores"] += layers * batch * self_attn["attention_scores"]
+        totals["feed_forward"] += layers * batch * ffn_matrices * matmul_flops(n, d, f)
+    if t5:
+        cross = attention_flops(dec_len, seq_len, d, inner)
+        totals["cross_attention"] = config.decoder_layers * batch * sum(cross.values())
+    totals["head"] = batch * matmul_flops(out_len, d, v)
+    if config.family == "bert":
+        totals["head"] += batch * matmul_flops(out_len, d, d)  # MLM transform
+    totals["total"] = sum(totals.values())
+    return totals
+
+
+def tokens_per_step(config: TransformerConfig, batch: int, seq_len: int, dec_len: int | None = None) -> int:
+    """Tokens one step processes: B·T, or B·(S + T) for T5 (both stacks' inputs)."""
+    if config.family == "t5":
+        return batch * (seq_len + (seq_len if dec_len is None else dec_len))
+    return batch * seq_len
+
+
+def train_flops(config: TransformerConfig, batch: int, seq_len: int, dec_len: int | None = None) -> int:
+    """One training step: forward + backward = 3 × forward (backward does two matmuls per one)."""
+    return 3 * forward_flops(config, batch, seq_len, dec_len)["total"]
+
+
+def flops_per_token(config: TransformerConfig, seq_len: int, dec_len: int | None = None) -> dict[str, float]:
+    """Forward and training FLOPs per token at this sequence length."""
+    fwd = forward_flops(config, 1, seq_len, dec_len)["total"]
+    n = tokens_per_step(config, 1, seq_len, dec_len)
+    return {"forward": fwd / n, "train": 3 * fwd / n}
