@@ -377,3 +377,15 @@ def test_cli_fills_bert_masks_and_refuses_text_without_tokenizer(tmp_path, capsy
     best = np.argsort(-np.asarray(model(jnp.asarray([[1, 5, 2]])))[0, 1])[:3]
     assert "position 1: " + "  ".join(f"w{b}" for b in best) in out
     assert "position 0" not in out
+
+
+def test_from_pretrained_takes_an_execution_config(tmp_path):
+    """How the loaded model runs is the caller's choice; what it computes is the checkpoint's."""
+    from txjax.config import ExecutionConfig
+
+    hf.save_pretrained(GPT(GPTConfig(**TINY, activation="gelu_tanh"), rngs=nnx.Rngs(0)), str(tmp_path))
+    plain = hf.from_pretrained(str(tmp_path))
+    other = hf.from_pretrained(str(tmp_path), execution=ExecutionConfig(attention_impl="xla", causal_block_size=None))
+    assert other.execution.attention_impl == "xla" and plain.execution == ExecutionConfig()
+    tokens = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
+    np.testing.assert_allclose(other(tokens), plain(tokens), atol=1e-5)

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from flax import nnx, traverse_util
 
-from txjax.config import TransformerConfig
+from txjax.config import ExecutionConfig, TransformerConfig
 from txjax.hf._config import UnsupportedConfigError, config_from_hf, config_to_hf
 from txjax.hf._weights import (
     CheckpointError,
@@ -28,7 +28,7 @@ from txjax.hf._weights import (
     tensors_from_params,
     write_safetensors,
 )
-from txjax.models import GPT, T5, Bert
+from txjax.models import GPT, MODELS, T5, Bert
 
 __all__ = [
     "CheckpointError",
@@ -40,8 +40,6 @@ __all__ = [
     "read_config",
     "save_pretrained",
 ]
-
-MODELS = {"gpt": GPT, "bert": Bert, "t5": T5}
 
 
 def read_config(path: str) -> dict:
@@ -55,15 +53,16 @@ def read_config(path: str) -> dict:
         return json.load(f)
 
 
-def from_pretrained(path: str) -> GPT | Bert | T5:
+def from_pretrained(path: str, execution: ExecutionConfig | None = None) -> GPT | Bert | T5:
     """A txjax model, config inferred, from a local HF folder of GPT-2, BERT or T5.
 
-    Parameters are float32, whatever the checkpoint's dtype.
+    Parameters are float32, whatever the checkpoint's dtype. `execution`: how it runs
+    (e.g. ExecutionConfig(attention_impl="cudnn") on a GPU); the default otherwise.
     """
     hf = read_config(path)
     config = config_from_hf(hf)
     config, tensors = prepare(config, hf, read_tensors(path))
-    graphdef, abstract, rest = _split_abstract(config)
+    graphdef, abstract, rest = _split_abstract(config, execution)
     shapes = {p: tuple(v.shape) for p, v in traverse_util.flatten_dict(nnx.to_pure_dict(abstract)).items()}
     architectures = ", ".join(hf.get("architectures") or []) or "no architectures named"
     params = params_from_tensors(config, tensors, shapes, source=f"{path} ({architectures})")
@@ -74,7 +73,7 @@ def from_pretrained(path: str) -> GPT | Bert | T5:
     return model
 
 
-def _split_abstract(config: TransformerConfig):
+def _split_abstract(config: TransformerConfig, execution: ExecutionConfig | None = None):
     """(graphdef, abstract params, concrete non-parameter state) without initialising weights.
 
     The non-parameter state is the dropout RNG streams: each gets its own key (the
@@ -82,7 +81,7 @@ def _split_abstract(config: TransformerConfig):
     """
     cls = MODELS[config.family]
     graphdef, params, rest = nnx.split(
-        nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))), nnx.Param, ...
+        nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0), execution=execution)), nnx.Param, ...
     )
     leaves, treedef = jax.tree.flatten(rest)
     keys = jax.random.split(jax.random.key(0), max(len(leaves), 1))
