@@ -75,7 +75,10 @@ class TransformerConfig:
     attention_scale: float | None = doc(None, "None: 1/sqrt(H); T5 checkpoints use 1.0")
     rope_base: float = 10000.0
     num_buckets: int = doc(32, "T5 relative-position buckets")
-    max_distance: int = doc(128, "T5: offsets beyond this share the last bucket")
+    max_distance: int = doc(128, "T5: offsets beyond this share the last bucket (must exceed num_buckets // 2)")
+    scale_embeddings: bool = doc(False, "multiply token embeddings by sqrt(d_model) before positions are added, as Vaswani et al. do (with sinusoidal positions of unit scale)")
+    random_positions: int | None = doc(None, "Ruoss et al. 2023: while training, each sequence's positions are a sorted random subset of [0, random_positions) instead of 0..T-1; None: off")
+    random_positions_eval: bool = doc(False, "draw random positions in evaluation too (the paper's code does); False: 0..T-1 there")
     pad_id: int | None = doc(None, "keys equal to pad_id are masked; None: no padding mask")
     dtype: str = doc("float32", "compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32")
 
@@ -102,6 +105,17 @@ class TransformerConfig:
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
                 "set head_dim explicitly"
             )
+        if self.num_buckets < 4 or self.max_distance <= self.num_buckets // 2:
+            # T5's buckets: half exact, half logarithmic up to max_distance, whose log(max_distance / max_exact)
+            # must be positive (max_exact is num_buckets // 2, or // 4 per direction when bidirectional).
+            raise ValueError(f"num_buckets={self.num_buckets} must be >= 4 and max_distance={self.max_distance} "
+                             f"> num_buckets // 2 = {self.num_buckets // 2}")
+        if self.random_positions is not None:
+            if not isinstance(self.random_positions, int) or self.random_positions < 1:
+                raise ValueError(f"random_positions must be a positive int or None, got {self.random_positions!r}")
+            if self.position == "learned" and self.random_positions > self.max_len:
+                raise ValueError(f"random_positions={self.random_positions} needs a learned table of as many rows, "
+                                 f"but max_len={self.max_len}")
         if self.position == "rope" and self.head_size % 2:
             raise ValueError(f"rope needs an even head width, got {self.head_size}")
         if self.position == "sinusoidal" and self.d_model % 2:

@@ -2,21 +2,42 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from txjax.config import ExecutionConfig, TransformerConfig
-from txjax.nn import Embed
+from txjax.nn import Embed, KVCache
 from txjax.nn.layers import Dense, dense_kwargs
+from txjax.nn.random_positions import RandomPositions
 
 
 class Model(nnx.Module):
-    """`config` (what is computed), `execution` (how), `embed` [V, D] and `dropout` on embeddings."""
+    """`config` (what is computed), `execution` (how), `embed` [V, D], `dropout` on embeddings,
+    and (with `config.random_positions`) the random positions drawn while training."""
 
     def __init__(self, config: TransformerConfig, rngs: nnx.Rngs, execution: ExecutionConfig | None):
         self.config = config
         self.execution = ExecutionConfig() if execution is None else execution
         self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.random_positions = None if config.random_positions is None else RandomPositions(
+            config.random_positions, rngs=rngs, at_eval=config.random_positions_eval)
+
+    def token_embeddings(self, tokens_BT: jax.Array) -> jax.Array:
+        """The token table's rows, times sqrt(D) under `config.scale_embeddings` (Vaswani et al.)."""
+        x_BTD = self.embed(tokens_BT)
+        return x_BTD * self.config.d_model**0.5 if self.config.scale_embeddings else x_BTD
+
+    def positions(self, tokens_BT: jax.Array, cache: KVCache | None = None) -> jax.Array:
+        """Where the tokens sit: 0..T-1 ([T]); after a cache's `index` tokens; or, while training
+        with `config.random_positions`, a sorted random subset per row ([B, T])."""
+        b, t = tokens_BT.shape
+        positions_T = jnp.arange(t, dtype=jnp.int32)
+        if cache is not None:
+            return cache.index + positions_T
+        drawn_BT = None if self.random_positions is None else self.random_positions(b, t)
+        return positions_T if drawn_BT is None else drawn_BT
 
     def untied_head(self, rngs: nnx.Rngs) -> Dense | None:
         """The output projection D -> V, or None when the head is the embedding (tied)."""

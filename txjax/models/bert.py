@@ -42,7 +42,8 @@ class Bert(Model):
         """False at [PAD] tokens, whose keys no query sees; None without a pad id."""
         return None if self.config.pad_id is None else tokens_BT != self.config.pad_id
 
-    def embed_tokens(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
+    def embed_tokens(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None,
+                     positions_T: jax.Array | None = None) -> jax.Array:
         """Token + segment + absolute position embeddings, normed: what enters the first block."""
         check_tokens(tokens_BT, self.config.vocab_size)
         if segment_ids_BT is None:
@@ -53,15 +54,16 @@ class Bert(Model):
             )
         else:
             check_tokens(segment_ids_BT, self.config.type_vocab_size, "segment_ids")
-        positions_T = jnp.arange(tokens_BT.shape[1])
-        x_BTD = self.embed(tokens_BT) + self.segments(segment_ids_BT)
+        positions_T = self.positions(tokens_BT) if positions_T is None else positions_T
+        x_BTD = self.token_embeddings(tokens_BT) + self.segments(segment_ids_BT)
         x_BTD = self.encoder.embed_positions(x_BTD, positions_T)
         return x_BTD if self.embed_norm is None else self.embed_norm(x_BTD)
 
     def encode(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
         """Contextual embeddings h_BTD (before the MLM head)."""
-        x_BTD = self.embed_tokens(tokens_BT, segment_ids_BT)
-        positions_T = jnp.arange(tokens_BT.shape[1])
+        check_tokens(tokens_BT, self.config.vocab_size)
+        positions_T = self.positions(tokens_BT)
+        x_BTD = self.embed_tokens(tokens_BT, segment_ids_BT, positions_T)
         return self.encoder(self.dropout(x_BTD), positions_T, valid_BT=self.valid(tokens_BT))[0]
 
     def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:

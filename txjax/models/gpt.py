@@ -35,10 +35,8 @@ class GPT(Model):
     def forward(self, tokens_BT: jax.Array, cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
         """(logits_BTV, cache): the whole sequence, or (with a cache) the T tokens after it."""
         check_tokens(tokens_BT, self.config.vocab_size)
-        positions_T = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
-        if cache is not None:
-            positions_T = cache.index + positions_T
-        x_BTD = self.decoder.embed_positions(self.embed(tokens_BT), positions_T)
+        positions_T = self.positions(tokens_BT, cache)
+        x_BTD = self.decoder.embed_positions(self.token_embeddings(tokens_BT), positions_T)
         h_BTD, cache = self.decoder(self.dropout(x_BTD), positions_T, valid_BT=self.valid(tokens_BT), cache=cache)
         return self.logits(h_BTD), cache
 

@@ -28,8 +28,8 @@ class T5(Model):
     def encode(self, enc_tokens_BS: jax.Array) -> jax.Array:
         """enc_tokens_BS -> enc_BSD, the final (normed) encoder output."""
         check_tokens(enc_tokens_BS, self.config.vocab_size, "encoder tokens")
-        positions_S = jnp.arange(enc_tokens_BS.shape[1])
-        x_BSD = self.encoder.embed_positions(self.embed(enc_tokens_BS), positions_S)
+        positions_S = self.positions(enc_tokens_BS)
+        x_BSD = self.encoder.embed_positions(self.token_embeddings(enc_tokens_BS), positions_S)
         h_BSD, _ = self.encoder(self.dropout(x_BSD), positions_S, valid_BT=self.encoder_valid(enc_tokens_BS))
         return self.dropout(h_BSD)
 
@@ -45,10 +45,8 @@ class T5(Model):
         """(logits_BTV, cache): the decoder over the whole sequence and enc_BSD, or (with a cache
         from `init_cache`) the T tokens after what it holds."""
         check_tokens(dec_tokens_BT, self.config.vocab_size, "decoder tokens")
-        positions_T = jnp.arange(dec_tokens_BT.shape[1], dtype=jnp.int32)
-        if cache is not None:
-            positions_T = cache.index + positions_T
-        x_BTD = self.decoder.embed_positions(self.embed(dec_tokens_BT), positions_T)
+        positions_T = self.positions(dec_tokens_BT, cache)
+        x_BTD = self.decoder.embed_positions(self.token_embeddings(dec_tokens_BT), positions_T)
         h_BTD, cache = self.decoder(self.dropout(x_BTD), positions_T, enc_BSD=enc_BSD,
                                     enc_valid_BS=enc_valid_BS, cache=cache)
         return self.logits(self.dropout(h_BTD)), cache

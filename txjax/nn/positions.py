@@ -22,12 +22,12 @@ class RelativePositionBias(nnx.Module):
         self.table = nnx.Param(INIT(rngs.params(), (config.num_buckets, config.num_heads)))
 
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-        """[1, N, T, S]."""
-        relative_TS = k_positions[None, :] - q_positions[:, None]
-        bucket_TS = ops.t5_relative_position_bucket(
-            relative_TS, self.bidirectional, self.num_buckets, self.max_distance
-        )
-        return jnp.transpose(self.table[...][bucket_TS], (2, 0, 1))[None]
+        """[1, N, T, S] from [T] and [S] positions; [B, N, T, S] from per-row ones."""
+        bucket_BTS = ops.t5_relative_position_bucket(
+            ops.relative_positions(q_positions, k_positions), self.bidirectional, self.num_buckets,
+            self.max_distance)
+        bias_BTSN = self.table[...][bucket_BTS if bucket_BTS.ndim == 3 else bucket_BTS[None]]
+        return jnp.transpose(bias_BTSN, (0, 3, 1, 2))
 
 
 class Positions(nnx.Module):

@@ -38,6 +38,8 @@ from txjax.ops.positions import (
     alibi_bias,
     alibi_slopes,
     apply_rope,
+    random_positions,
+    relative_positions,
     sinusoidal_positions,
     t5_relative_position_bucket,
 )
@@ -58,6 +60,8 @@ __all__ = [
     "mask_to_bias",
     "merge_heads",
     "padding_mask",
+    "random_positions",
+    "relative_positions",
     "rms_norm",
     "sinusoidal_positions",
     "split_heads",

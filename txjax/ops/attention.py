@@ -36,13 +36,15 @@ def attention_mask(q_positions_T: jax.Array, k_positions_S: jax.Array, *, causal
                    k_valid_BS: jax.Array | None = None) -> jax.Array | None:
     """bool[B|1, 1, T, S], True where query t may see key s; None when every key is visible.
 
-    causal: key position <= query position. `k_valid_BS` False hides key s (padding, or a
-    cache slot not yet written). Every self-attention mask of the models is built here,
-    for a whole sequence (positions 0..T-1 both) and for T new tokens over a cache alike.
+    causal: key position <= query position (positions [T] and [S], or per row [B, T] and
+    [B, S], increasing along each row). `k_valid_BS` False hides key s (padding, or a cache
+    slot not yet written). Every self-attention mask of the models is built here, for a
+    whole sequence and for T new tokens over a cache alike.
     """
     mask = None
     if causal:
-        mask = (jnp.asarray(k_positions_S)[None, :] <= jnp.asarray(q_positions_T)[:, None])[None, None]
+        later_BTS = jnp.asarray(k_positions_S)[..., None, :] > jnp.asarray(q_positions_T)[..., :, None]
+        mask = ~(later_BTS if later_BTS.ndim == 3 else later_BTS[None])[:, None]
     if k_valid_BS is not None:
         valid_B11S = k_valid_BS[:, None, None, :]
         mask = valid_B11S if mask is None else mask & valid_B11S

@@ -97,13 +97,29 @@ def alibi_slopes(num_heads: int) -> jax.Array:
     return jnp.asarray(slopes, jnp.float32)
 
 
+def relative_positions(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+    """key_pos - query_pos, [T, S] from [T] and [S] positions, or [B, T, S] from per-row [B, T] and [B, S]."""
+    return jnp.asarray(k_positions)[..., None, :] - jnp.asarray(q_positions)[..., :, None]
+
+
 def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-    """[1, N, T, S] bias -slope_n * |q_pos - k_pos|.
+    """[1, N, T, S] bias -slope_n * |q_pos - k_pos| ([B, N, T, S] for per-row positions).
 
     For causal attention this is the paper's slope * (k - q) on every key a query may
     see; the absolute value makes the same function serve bidirectional attention.
     """
-    distance_TS = jnp.abs(
-        jnp.asarray(q_positions, jnp.float32)[:, None] - jnp.asarray(k_positions, jnp.float32)[None, :]
-    )
-    return -alibi_slopes(num_heads)[None, :, None, None] * distance_TS[None, None]
+    distance_BTS = jnp.abs(relative_positions(q_positions, k_positions)).astype(jnp.float32)
+    distance_BTS = distance_BTS if distance_BTS.ndim == 3 else distance_BTS[None]
+    return -alibi_slopes(num_heads)[None, :, None, None] * distance_BTS[:, None]
+
+
+def random_positions(key: jax.Array, batch: int, length: int, max_position: int) -> jax.Array:
+    """int32 [B, T]: per row, T distinct positions drawn uniformly from [0, max_position), sorted.
+
+    Ruoss et al. 2023 ("Randomized Positional Encodings Boost Length Generalization"): trained
+    on such positions, a model has seen every position up to max_position, not only 0..T-1.
+    """
+    if length > max_position:
+        raise ValueError(f"random_positions: {length} tokens need max_position >= {length}, got {max_position}")
+    ranks_BR = jnp.argsort(jax.random.uniform(key, (batch, max_position)), axis=-1)
+    return jnp.sort(ranks_BR[:, :length], axis=-1).astype(jnp.int32)

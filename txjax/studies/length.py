@@ -65,6 +65,7 @@ class LengthStudyConfig:
     heldout_fraction: float = doc(0.1, "the last part of the corpus, never trained on")
     eval_batch_tokens: int = doc(16384, "tokens per evaluation forward pass")
     out_dir: str = doc("docs/results/length_extrapolation", "where tables, plot and results.json go")
+    sinusoidal_scale: bool = doc(True, "sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings); without it the unit-scale sinusoids swamp embeddings of std 0.02")
 
     def __post_init__(self):
         bad = [p for p in self.position_list if p not in POSITIONS]
@@ -250,7 +251,9 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
         for position in study.position_list:
             if (position, seed) in done:
                 continue
-            cfg = model_cfg.replace(vocab_size=tok.vocab_size, max_len=study.train_len, position=position)
+            cfg = model_cfg.replace(vocab_size=tok.vocab_size, max_len=study.train_len, position=position,
+                                    scale_embeddings=model_cfg.scale_embeddings or (
+                                        position == "sinusoidal" and study.sinusoidal_scale))
             if position not in steppers:
                 stepper = Stepper(GPT(cfg), gpt_loss, train_cfg)
                 steppers[position] = (stepper, jax.jit(lambda params, x, stepper=stepper: stepper.model(params)(x)))

@@ -65,6 +65,7 @@ class SyntheticConfig:
     num_layers: int = doc(2, "blocks (T5: per stack)")
     d_ff: int = doc(256, "F")
     out_dir: str = doc("docs/results/synthetic", "where tables, plot and results.json go")
+    sinusoidal_scale: bool = doc(True, "sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings)")
 
     def __post_init__(self):
         for name, allowed in (("tasks", TASKS), ("families", FAMILIES), ("positions", POSITIONS)):
@@ -146,7 +147,8 @@ def exact_match(logits_BTV: np.ndarray, targets_BT: np.ndarray) -> tuple[np.ndar
 def model_config(family: str, position: str, study: SyntheticConfig):
     """The family's config at the study's size; a learned table holds the longest training sequence."""
     size = dict(vocab_size=study.vocab_size, d_model=study.d_model, num_heads=study.num_heads,
-                num_layers=study.num_layers, d_ff=study.d_ff, position=position)
+                num_layers=study.num_layers, d_ff=study.d_ff, position=position,
+                scale_embeddings=position == "sinusoidal" and study.sinusoidal_scale)
     if family == "gpt":
         return GPTConfig(max_len=2 * study.train_max + 2, **size)
     return T5Config(max_len=study.train_max + 1, pad_id=PAD, eos_id=EOS, decoder_start_id=PAD, **size)
