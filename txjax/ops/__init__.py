@@ -35,15 +35,19 @@ from txjax.ops.activations import ACTIVATIONS, gelu
 from txjax.ops.linear import dense
 from txjax.ops.norms import layer_norm, rms_norm
 from txjax.ops.positions import (
+    KERPLE_VARIANTS,
     alibi_bias,
     alibi_slopes,
     apply_rope,
+    fire_bias,
+    kerple_bias,
     sinusoidal_positions,
     t5_relative_position_bucket,
 )
 
 __all__ = [
     "ACTIVATIONS",
+    "KERPLE_VARIANTS",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
@@ -53,7 +57,9 @@ __all__ = [
     "cross_entropy",
     "dense",
     "dot_product_attention",
+    "fire_bias",
     "gelu",
+    "kerple_bias",
     "layer_norm",
     "mask_to_bias",
     "merge_heads",
