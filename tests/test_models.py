@@ -159,7 +159,13 @@ def closed_form(family, cfg):
     attn = 4 * d * d + (4 * d if cfg.use_bias else 0)
     ffn = (3 if cfg.gated else 2) * d * f + ((2 if cfg.gated else 1) * f + d if cfg.use_bias else 0)
     block = attn + ffn + 2 * norm
-    positions = {"learned": cfg.max_len * d, "t5": cfg.num_buckets * cfg.num_heads}.get(cfg.position, 0)
+    w, n = cfg.fire_mlp_width, cfg.num_heads
+    positions = {
+        "learned": cfg.max_len * d,
+        "t5": cfg.num_buckets * n,
+        "fire": (1 * w + w) + (w * n + n) + 2,  # MLP 1 -> W -> N, c, threshold multiplier
+        "kerple": 2 * n,  # r1, r2 per head
+    }.get(cfg.position, 0)
     final = norm if cfg.norm_position == "pre" else 0
     head = 0 if cfg.tie_embeddings else d * v
     if family == "gpt":

@@ -16,8 +16,9 @@ from typing import ClassVar
 from txjax.fields import doc
 from txjax.ops.activations import ACTIVATIONS
 from txjax.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLS
+from txjax.ops.positions import KERPLE_VARIANTS
 
-POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none")
+POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none", "fire", "kerple")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "bfloat16")
@@ -81,6 +82,9 @@ class TransformerConfig:
     random_positions_eval: bool = doc(False, "draw random positions in evaluation too (the paper's code does); False: 0..T-1 there")
     pad_id: int | None = doc(None, "keys equal to pad_id are masked; None: no padding mask")
     dtype: str = doc("float32", "compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32")
+    fire_mlp_width: int = doc(32, "FIRE: hidden width of the MLP 1 -> W -> N heads")
+    fire_threshold: float = doc(512.0, "FIRE: initial threshold L of the normaliser psi(max(L, i)); learned as a multiple of this")
+    kerple_variant: str = doc("log", 'KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2')
 
     family: ClassVar[str] = "transformer"
 
@@ -124,6 +128,12 @@ class TransformerConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
+        if not isinstance(self.fire_mlp_width, int) or self.fire_mlp_width < 1:
+            raise ValueError(f"fire_mlp_width must be a positive int, got {self.fire_mlp_width!r}")
+        if not self.fire_threshold > 0:
+            raise ValueError(f"fire_threshold must be positive, got {self.fire_threshold!r}")
+        if self.kerple_variant not in KERPLE_VARIANTS:
+            raise ValueError(f"kerple_variant={self.kerple_variant!r} is not one of {KERPLE_VARIANTS}")
 
     @property
     def head_size(self) -> int:

@@ -26,11 +26,17 @@ def _ffn_params(config: TransformerConfig) -> int:
 
 
 def _position_params(config: TransformerConfig) -> int:
-    """Per stack: a learned [max_len, D] table, or T5's [buckets, N] relative table."""
+    """Per stack: a learned [max_len, D] table, T5's [buckets, N] relative table,
+    FIRE's MLP 1 -> W -> N with c and the threshold multiplier, or KERPLE's r1, r2 per head."""
     if config.position == "learned":
         return config.max_len * config.d_model
     if config.position == "t5":
         return config.num_buckets * config.num_heads
+    if config.position == "fire":
+        w, n = config.fire_mlp_width, config.num_heads
+        return (w + w) + (w * n + n) + 2
+    if config.position == "kerple":
+        return 2 * config.num_heads
     return 0
 
 

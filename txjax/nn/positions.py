@@ -30,11 +30,79 @@ class RelativePositionBias(nnx.Module):
         return jnp.transpose(bias_BTSN, (0, 3, 1, 2))
 
 
+def _uniform(key: jax.Array, shape: tuple[int, ...], low: float, high: float) -> jax.Array:
+    return jax.random.uniform(key, shape, jnp.float32, low, high)
+
+
+class FireBias(nnx.Module):
+    """FIRE's MLP, log scale c and threshold L (Li et al. 2023), one per stack.
+
+    Initialised as the paper's reference code: PyTorch `nn.Linear` defaults
+    (U(+-1/sqrt(fan_in)) for weights and biases), c = 0.1, and L = |m| * fire_threshold
+    with the multiplier m = 1 learned.
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        w, n = config.fire_mlp_width, config.num_heads
+        self.w1 = nnx.Param(_uniform(rngs.params(), (1, w), -1.0, 1.0))
+        self.b1 = nnx.Param(_uniform(rngs.params(), (w,), -1.0, 1.0))
+        self.w2 = nnx.Param(_uniform(rngs.params(), (w, n), -w ** -0.5, w ** -0.5))
+        self.b2 = nnx.Param(_uniform(rngs.params(), (n,), -w ** -0.5, w ** -0.5))
+        self.c = nnx.Param(jnp.asarray(0.1, jnp.float32))
+        self.threshold_multiplier = nnx.Param(jnp.asarray(1.0, jnp.float32))
+        self.init_threshold = float(config.fire_threshold)
+
+    def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+        """[1 or B, N, T, S]."""
+        threshold = jnp.abs(self.threshold_multiplier[...]) * self.init_threshold
+        return ops.fire_bias(q_positions, k_positions, self.w1[...], self.b1[...], self.w2[...],
+                             self.b2[...], self.c[...], threshold)
+
+
+class KerpleBias(nnx.Module):
+    """KERPLE's per-head r1, r2 > 0 (Chi et al. 2022), one pair per head and stack.
+
+    Kept positive by a parameterisation rather than the reference code's in-place clamp
+    to >= 0.01: r1 = softplus(raw1) and r2 = softplus(raw2), or for the power variant
+    r2 = 2 sigmoid(raw2) in (0, 2). Initialised as that code: log r1 ~ U(0, 2),
+    r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2); each drawn value clipped to its
+    clamp range [0.01, max - 0.01] so the inverse maps stay finite.
+    """
+
+    EPS = 1e-2
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.variant = config.kerple_variant
+        n = config.num_heads
+        r1_max, r2_max = (2.0, 1.0) if self.variant == "log" else (1.0, 2.0)
+        r1_N = jnp.clip(_uniform(rngs.params(), (n,), 0.0, r1_max), self.EPS, r1_max - self.EPS)
+        r2_N = jnp.clip(_uniform(rngs.params(), (n,), 0.0, r2_max), self.EPS, r2_max - self.EPS)
+        self.raw_r1 = nnx.Param(r1_N + jnp.log(-jnp.expm1(-r1_N)))
+        self.raw_r2 = nnx.Param(
+            r2_N + jnp.log(-jnp.expm1(-r2_N)) if self.variant == "log"
+            else jnp.log(r2_N / 2) - jnp.log1p(-r2_N / 2)
+        )
+
+    @property
+    def r1(self) -> jax.Array:
+        return jax.nn.softplus(self.raw_r1[...])
+
+    @property
+    def r2(self) -> jax.Array:
+        if self.variant == "log":
+            return jax.nn.softplus(self.raw_r2[...])
+        return 2.0 * jax.nn.sigmoid(self.raw_r2[...])
+
+    def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+        """[1 or B, N, T, S]."""
+        return ops.kerple_bias(q_positions, k_positions, self.r1, self.r2, self.variant)
+
+
 class Positions(nnx.Module):
     """Everything a stack needs to know about position, for any `config.position`.
 
     learned / sinusoidal: `embed` gives a [T, D] table added to the input.
-    t5 / alibi: `attention_bias` gives a [1, N, T, S] bias for self-attention.
+    t5 / alibi / fire / kerple: `attention_bias` gives a [1, N, T, S] bias for self-attention.
     rope: `rope` is True and the attention rotates q and k. none: nothing at all.
     """
 
@@ -47,10 +115,14 @@ class Positions(nnx.Module):
             nnx.Param(INIT(rngs.params(), (config.max_len, config.d_model)))
             if self.kind == "learned" else None
         )
-        self.relative = (
-            RelativePositionBias(config, bidirectional=bidirectional, rngs=rngs)
-            if self.kind == "t5" else None
-        )
+        if self.kind == "t5":
+            self.relative = RelativePositionBias(config, bidirectional=bidirectional, rngs=rngs)
+        elif self.kind == "fire":
+            self.relative = FireBias(config, rngs=rngs)
+        elif self.kind == "kerple":
+            self.relative = KerpleBias(config, rngs=rngs)
+        else:
+            self.relative = None
 
     @property
     def rope(self) -> bool:
@@ -73,7 +145,7 @@ class Positions(nnx.Module):
         return jnp.take(self.table[...], positions_T, axis=0, mode="fill", fill_value=jnp.nan)
 
     def attention_bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array | None:
-        if self.kind == "t5":
+        if self.relative is not None:
             return self.relative(q_positions, k_positions)
         if self.kind == "alibi":
             return ops.alibi_bias(self.num_heads, q_positions, k_positions)

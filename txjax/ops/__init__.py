@@ -35,9 +35,12 @@ from txjax.ops.activations import ACTIVATIONS, gelu
 from txjax.ops.linear import dense
 from txjax.ops.norms import layer_norm, rms_norm
 from txjax.ops.positions import (
+    KERPLE_VARIANTS,
     alibi_bias,
     alibi_slopes,
     apply_rope,
+    fire_bias,
+    kerple_bias,
     random_positions,
     relative_positions,
     sinusoidal_positions,
@@ -46,6 +49,7 @@ from txjax.ops.positions import (
 
 __all__ = [
     "ACTIVATIONS",
+    "KERPLE_VARIANTS",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
@@ -55,7 +59,9 @@ __all__ = [
     "cross_entropy",
     "dense",
     "dot_product_attention",
+    "fire_bias",
     "gelu",
+    "kerple_bias",
     "layer_norm",
     "mask_to_bias",
     "merge_heads",

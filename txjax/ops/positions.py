@@ -1,4 +1,11 @@
-"""Positional encodings as pure functions: sinusoidal, RoPE, T5 buckets, ALiBi."""
+"""Positional encodings as pure functions: sinusoidal, RoPE, T5 buckets, ALiBi, FIRE, KERPLE.
+
+The relative biases (ALiBi, FIRE, KERPLE) use the distance |i - j|: for causal
+attention this is the papers' i - j on every key a query may see, and it makes the
+same function the symmetric form for bidirectional attention. FIRE and KERPLE take
+their parameter values as arguments (the NNX module owns the parameters), positions
+as [T] / [S] or per row [B, T] / [B, S], and return a bias [1 or B, N, T, S].
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+KERPLE_VARIANTS = ("log", "power")
 
 
 def sinusoidal_positions(positions_T: jax.Array, dim: int) -> jax.Array:
@@ -123,3 +132,66 @@ def random_positions(key: jax.Array, batch: int, length: int, max_position: int)
         raise ValueError(f"random_positions: {length} tokens need max_position >= {length}, got {max_position}")
     ranks_BR = jnp.argsort(jax.random.uniform(key, (batch, max_position)), axis=-1)
     return jnp.sort(ranks_BR[:, :length], axis=-1).astype(jnp.int32)
+
+
+def _query_key_BTS(q_positions: jax.Array, k_positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Query and key positions as float32 [1 or B, T, 1] and [1 or B, 1, S]."""
+    q_BT = jnp.atleast_2d(jnp.asarray(q_positions, jnp.float32))
+    k_BS = jnp.atleast_2d(jnp.asarray(k_positions, jnp.float32))
+    return q_BT[:, :, None], k_BS[:, None, :]
+
+
+def fire_bias(
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    w1_1W: jax.Array,
+    b1_W: jax.Array,
+    w2_WN: jax.Array,
+    b2_N: jax.Array,
+    c: jax.Array,
+    threshold: jax.Array,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """FIRE (Li et al. 2023): b(i, j) = f(psi(|i - j|) / psi(max(L, i, j))), [1 or B, N, T, S].
+
+    psi(x) = log(|c| x + 1) amplifies local differences; dividing by psi of the later
+    position ("progressive interpolation") maps every distance into [0, 1], so longer
+    inputs reuse the range seen in training; the threshold L keeps short prefixes from
+    being stretched over it. f is the MLP 1 -> W (ReLU) -> N. max(L, i, j) is the paper's
+    max(L, i) on every causal key (j <= i), symmetric in i and j for an encoder.
+    `eps` keeps the denominator off zero when L and the positions are all 0.
+    """
+    q_BT1, k_B1S = _query_key_BTS(q_positions, k_positions)
+    scale = jnp.abs(c)
+    distance_BTS = jnp.abs(q_BT1 - k_B1S)
+    normalizer_BTS = jnp.maximum(jnp.maximum(q_BT1, k_B1S), threshold)
+    x_BTS = jnp.log1p(scale * distance_BTS) / (jnp.log1p(scale * normalizer_BTS) + eps)
+    hidden_BTSW = jax.nn.relu(x_BTS[..., None] * w1_1W[None, None] + b1_W[None, None, None])
+    bias_BTSN = hidden_BTSW @ w2_WN + b2_N[None, None, None]
+    return jnp.moveaxis(bias_BTSN, -1, 1)
+
+
+def kerple_bias(
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    r1_N: jax.Array,
+    r2_N: jax.Array,
+    variant: str = "log",
+) -> jax.Array:
+    """KERPLE (Chi et al. 2022) bias [1 or B, N, T, S] from positive per-head r1, r2.
+
+    log:   -r1 * log(1 + r2 |i - j|)   (the paper's best variant)
+    power: -r1 * |i - j|^r2, 0 < r2 <= 2 (a conditionally positive definite kernel)
+    """
+    if variant not in KERPLE_VARIANTS:
+        raise ValueError(f"kerple_bias: variant={variant!r} is not one of {KERPLE_VARIANTS}")
+    q_BT1, k_B1S = _query_key_BTS(q_positions, k_positions)
+    distance_B1TS = jnp.abs(q_BT1 - k_B1S)[:, None]
+    r1_1N11 = jnp.asarray(r1_N, jnp.float32)[None, :, None, None]
+    r2_1N11 = jnp.asarray(r2_N, jnp.float32)[None, :, None, None]
+    if variant == "log":
+        return -r1_1N11 * jnp.log1p(r2_1N11 * distance_B1TS)
+    # 0^r2 = 0; the where keeps d/dr2 of 0^r2 (0 * log 0) out of the gradient.
+    positive_B1TS = distance_B1TS > 0
+    safe_B1TS = jnp.where(positive_B1TS, distance_B1TS, 1.0)
+    return -r1_1N11 * jnp.where(positive_B1TS, safe_B1TS ** r2_1N11, 0.0)

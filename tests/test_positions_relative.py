@@ -1,0 +1,151 @@
+"""FIRE and KERPLE: the papers' formulas at hand-computed points, positivity, symmetry, causality, jit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from txjax import GPT, Bert, BertConfig, GPTConfig, ops
+from txjax.nn.positions import FireBias, KerpleBias
+
+TINY = dict(vocab_size=23, max_len=16, d_model=16, num_heads=2, num_layers=2, d_ff=32)
+JIT = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+
+# FIRE with c = 1, L = 3 and the MLP h = relu([x, 0.5 - x]), heads (h0 + 0.1, -h0 + 2 h1 - 0.2),
+# so x(i, j) = log(1 + |i - j|) / log(1 + max(3, i, j)).
+FIRE_W1 = jnp.array([[1.0, -1.0]])
+FIRE_B1 = jnp.array([0.0, 0.5])
+FIRE_W2 = jnp.array([[1.0, -1.0], [0.0, 2.0]])
+FIRE_B2 = jnp.array([0.1, -0.2])
+FIRE_Q, FIRE_K = jnp.array([1, 3, 7, 15]), jnp.array([0, 3, 12])
+FIRE_EXPECTED = {  # (i, j): (head 0, head 1), with x in the comment
+    (1, 0): (0.6, -0.7),              # x = log 2 / log 4 = 0.5 (the threshold L = 3 normalises)
+    (3, 3): (0.1, 0.8),               # x = 0
+    (3, 0): (1.1, -1.2),              # x = log 4 / log 4 = 1
+    (7, 3): (0.873976, -0.973976),    # x = log 5 / log 8 = 0.773976
+    (15, 12): (0.6, -0.7),            # x = log 4 / log 16 = 0.5
+    (1, 12): (1.068794, -1.168794),   # x = log 12 / log 13 = 0.968794 (the later position 12 normalises)
+}
+
+
+def call(fn, jit, *args):
+    return (jax.jit(fn) if jit else fn)(*args)
+
+
+@JIT
+def test_fire_bias_matches_the_formula(jit):
+    bias = call(lambda q, k: ops.fire_bias(q, k, FIRE_W1, FIRE_B1, FIRE_W2, FIRE_B2, 1.0, 3.0),
+                jit, FIRE_Q, FIRE_K)
+    assert bias.shape == (1, 2, 4, 3)
+    q, k = list(map(int, FIRE_Q)), list(map(int, FIRE_K))
+    for (i, j), expected in FIRE_EXPECTED.items():
+        np.testing.assert_allclose(bias[0, :, q.index(i), k.index(j)], expected, atol=1e-5)
+
+
+def test_fire_scale_enters_as_its_absolute_value():
+    args = (FIRE_Q, FIRE_K, FIRE_W1, FIRE_B1, FIRE_W2, FIRE_B2)
+    np.testing.assert_array_equal(ops.fire_bias(*args, -0.3, 3.0), ops.fire_bias(*args, 0.3, 3.0))
+
+
+# KERPLE with r1 = (1, 0.5) and r2 = (1, 2) (log) or (0.5, 2) (power), at distances 0, 1, 3, 4.
+KERPLE_EXPECTED = {
+    "log": ((1.0, 0.5), (1.0, 2.0), {  # -r1 log(1 + r2 d)
+        0: (0.0, 0.0), 1: (-0.693147, -0.549306), 3: (-1.386294, -0.972955), 4: (-1.609438, -1.098612)}),
+    "power": ((1.0, 0.5), (0.5, 2.0), {  # -r1 d^r2
+        0: (0.0, 0.0), 1: (-1.0, -0.5), 3: (-1.732051, -4.5), 4: (-2.0, -8.0)}),
+}
+
+
+@JIT
+@pytest.mark.parametrize("variant", ["log", "power"])
+def test_kerple_bias_matches_the_formula(variant, jit):
+    r1, r2, expected = KERPLE_EXPECTED[variant]
+    q, k = jnp.array([4, 5]), jnp.array([0, 1, 2, 4, 5])
+    bias = call(lambda q, k: ops.kerple_bias(q, k, jnp.array(r1), jnp.array(r2), variant), jit, q, k)
+    assert bias.shape == (1, 2, 2, 5)
+    for t, i in enumerate([4, 5]):
+        for s, j in enumerate([0, 1, 2, 4, 5]):
+            if abs(i - j) in expected:
+                np.testing.assert_allclose(bias[0, :, t, s], expected[abs(i - j)], atol=1e-5)
+
+
+def test_kerple_power_gradient_is_finite_at_distance_zero():
+    q = jnp.arange(4)
+    grad = jax.grad(lambda r2: ops.kerple_bias(q, q, jnp.ones(2), r2, "power").sum())(jnp.array([0.5, 1.5]))
+    assert np.isfinite(grad).all() and (grad != 0).all()
+
+
+def test_kerple_rejects_an_unknown_variant():
+    with pytest.raises(ValueError, match="variant='exp'"):
+        ops.kerple_bias(jnp.arange(3), jnp.arange(3), jnp.ones(2), jnp.ones(2), "exp")
+    with pytest.raises(ValueError, match="kerple_variant='exp'"):
+        GPTConfig(**TINY, position="kerple", kerple_variant="exp")
+
+
+@pytest.mark.parametrize("fn", ["fire", "kerple"])
+def test_per_row_positions_give_per_row_biases(fn):
+    config = GPTConfig(**TINY, position=fn)
+    module = (FireBias if fn == "fire" else KerpleBias)(config, rngs=nnx.Rngs(0))
+    q_BT = jnp.array([[0, 1, 2, 3], [5, 6, 7, 8]])
+    k_BS = jnp.array([[0, 1, 2, 3, 4], [0, 3, 6, 9, 12]])
+    bias_BNTS = module(q_BT, k_BS)
+    assert bias_BNTS.shape == (2, 2, 4, 5)
+    for b in range(2):
+        np.testing.assert_allclose(bias_BNTS[b], module(q_BT[b], k_BS[b])[0], rtol=1e-6)
+    assert module(q_BT, jnp.arange(5)).shape == (2, 2, 4, 5)
+
+
+@pytest.mark.parametrize("variant", ["log", "power"])
+def test_kerple_r1_r2_positive_at_init_and_for_any_raw_value(variant):
+    config = GPTConfig(**{**TINY, "d_model": 64, "num_heads": 64}, position="kerple", kerple_variant=variant)
+    module = KerpleBias(config, rngs=nnx.Rngs(0))
+    r1_max, r2_max = (2.0, 1.0) if variant == "log" else (1.0, 2.0)  # the reference code's U(0, max) draws
+    assert (module.r1 > 0).all() and (module.r1 < r1_max).all()
+    assert (module.r2 > 0).all() and (module.r2 < r2_max).all()
+    for raw in (-30.0, 30.0):
+        module.raw_r1[...] = jnp.full(64, raw)
+        module.raw_r2[...] = jnp.full(64, raw)
+        assert (module.r1 > 0).all() and (module.r2 > 0).all()
+        if variant == "power":
+            assert (module.r2 <= 2.0).all()
+
+
+def test_fire_initialisation_follows_the_reference_code():
+    module = FireBias(GPTConfig(**TINY, position="fire"), rngs=nnx.Rngs(0))
+    assert module.w1.shape == (1, 32) and module.w2.shape == (32, 2) and module.b2.shape == (2,)
+    assert float(module.c[...]) == pytest.approx(0.1) and float(module.threshold_multiplier[...]) == 1.0
+    assert module.init_threshold == 512.0
+    assert np.abs(np.asarray(module.w2[...])).max() <= 32 ** -0.5
+
+
+@JIT
+@pytest.mark.parametrize("position", ["fire", "kerple"])
+def test_encoder_bias_is_symmetric(position, jit):
+    model = Bert(BertConfig(**TINY, position=position), rngs=nnx.Rngs(0))
+    positions = jnp.arange(9)
+    bias = call(lambda p: model.encoder.positions.attention_bias(p, p), jit, positions)
+    assert bias.shape == (1, 2, 9, 9)
+    np.testing.assert_allclose(bias, jnp.swapaxes(bias, -1, -2), rtol=1e-6)
+    assert not np.allclose(bias[0, :, 0, 1], bias[0, :, 0, 5])  # and it does depend on distance
+
+
+@JIT
+@pytest.mark.parametrize("position", ["fire", "kerple"])
+def test_gpt_is_causal_and_finite_with_a_fully_masked_row(position, jit):
+    """A future token never changes earlier logits; a first token that is padding leaves
+    query 0 with no key at all, and its row (and the gradient) stays finite."""
+    model = GPT(GPTConfig(**TINY, position=position, pad_id=0), rngs=nnx.Rngs(0))
+    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
+
+    def logits(state, tokens):
+        return nnx.merge(graphdef, state, rest)(tokens)
+
+    tokens = jnp.array([[0, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6]])
+    changed = tokens.at[:, 4].set(9)
+    out, out_changed = call(logits, jit, state, tokens), call(logits, jit, state, changed)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out[:, :4], out_changed[:, :4], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(out[:, 4:], out_changed[:, 4:])
+    grads = call(jax.grad(lambda s, t: logits(s, t).sum()), jit, state, tokens)
+    assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
