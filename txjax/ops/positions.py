@@ -90,7 +90,7 @@ def rope_angles(positions_T: jax.Array, head_dim: int, base: float = 10000.0, sc
     if scaling == "linear" and factor != 1.0:
         positions = positions / factor
     inv_freq_K = rope_inv_freq(head_dim, base, scaling, factor, original_max_len)
-    return positions[..., None] * inv_freq_K
+    return positions[..., None] * inv_freq_K.reshape((1,) * positions.ndim + (-1,))
 
 
 def apply_rope(x_BTNH: jax.Array, positions_T: jax.Array, base: float = 10000.0, scaling: str | None = None,
@@ -124,7 +124,8 @@ def apply_xpos(x_BTNH: jax.Array, positions_T: jax.Array, base: float = 10000.0,
     """
     angles_BTK = rope_angles(positions_T, x_BTNH.shape[-1], base, scaling, factor, original_max_len)
     power_BTK = jnp.asarray(positions_T, jnp.float32)[..., None] / (-scale_base if downscale else scale_base)
-    scale_BTK = xpos_zeta(x_BTNH.shape[-1]) ** power_BTK * rope_attention_factor(scaling, factor)
+    zeta_BTK = xpos_zeta(x_BTNH.shape[-1]).reshape((1,) * (power_BTK.ndim - 1) + (-1,))
+    scale_BTK = zeta_BTK ** power_BTK * rope_attention_factor(scaling, factor)
     return rotate_half(x_BTNH, angles_BTK, scale_BTK)
 
 
