@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txjax import GPT, T5, GPTConfig, T5Config, decoding, generate
-from txjax.config import POSITIONS
+from txjax.config import positions_for
 from txjax.decoding import filter_logits, sample_logits
+from txjax.ops import ROPE_SCALINGS
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -69,14 +70,19 @@ def jitted_cache_vs_full(model, run_full, init_cache, seq_BT, prefill, *args):
 # ---------------------------------------------------------------- cache == full forward
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-def test_gpt_cached_logits_equal_full_forward(position):
+SCALED = [dict(rope_scaling=s, rope_scaling_factor=2.0, rope_original_max_len=6) for s in ROPE_SCALINGS]
+
+
+@pytest.mark.parametrize("position,scaling", [(p, {}) for p in positions_for("gpt")] + [
+    pytest.param(p, c, id=f"{p}-{c['rope_scaling']}") for p in ("rope", "xpos") for c in SCALED])
+def test_gpt_cached_logits_equal_full_forward(position, scaling):
     """Prefill 3 tokens, then one per step: every step's logits equal the full forward's.
 
     pad_id is set and row 1 holds pads (row 0 none): padded keys are hidden from later
-    queries in the cache exactly as in the full forward.
+    queries in the cache exactly as in the full forward. Rotary keys (rope, scaled rope,
+    xpos) are cached rotated at their own positions.
     """
-    model = gpt(position=position, pad_id=0)
+    model = gpt(position=position, pad_id=0, **scaling)
     seq_BT = tokens(0, (2, 9), low=1).at[1, 0].set(0).at[1, 4].set(0)
     full, cached, cache = jitted_cache_vs_full(
         model, lambda m, s: m(s), lambda m: m.init_cache(2, 10), seq_BT, 3
@@ -87,7 +93,7 @@ def test_gpt_cached_logits_equal_full_forward(position):
     assert not np.any(cache.valid_BS[:, 9:])
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("position", positions_for("t5"))
 def test_t5_cached_logits_equal_full_forward(position):
     """Decoder self-attention cache plus cross k/v from init_cache: logits equal T5(enc, dec),
     and the cached cross keys and values are the projections of the encoder output."""

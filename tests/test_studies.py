@@ -255,11 +255,11 @@ def test_layer_attention_reproduces_the_model_gpt(position):
     positions = jnp.arange(9)
     x = stack.embed_positions(model.embed(tokens), positions)
     bias = stack.self_bias(positions, positions, model.valid(tokens))
-    rope = positions if stack.positions.rope else None
-    x, _ = stack.blocks[0](x, bias, rope_positions=rope)
+    rotary = dict(rotary=stack.positions.rotary, positions=positions)
+    x, _ = stack.blocks[0](x, bias, **rotary)
     blk = stack.blocks[1]
     h = blk.self_norm(x)
-    want, _ = blk.self_attn(h, bias, rope_positions=rope)
+    want, _ = blk.self_attn(h, bias, **rotary)
     _, v = blk.self_attn.project_kv(h)
     got = blk.self_attn.o(ops.merge_heads(jnp.einsum("BNTS,BSNH->BTNH", w, v)))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)

@@ -16,9 +16,11 @@ from typing import ClassVar
 from txjax.fields import doc
 from txjax.ops.activations import ACTIVATIONS
 from txjax.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLS
-from txjax.ops.positions import KERPLE_VARIANTS
+from txjax.ops.positions import KERPLE_VARIANTS, ROPE_SCALINGS
 
-POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none", "fire", "kerple")
+POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none", "fire", "kerple", "xpos")
+ROTARY_POSITIONS = ("rope", "xpos")  # rotate queries and keys; the rope_scaling fields apply
+CAUSAL_ONLY_POSITIONS = ("xpos",)  # defined for causal attention only: refused where a stack is bidirectional
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "bfloat16")
@@ -85,8 +87,13 @@ class TransformerConfig:
     fire_mlp_width: int = doc(32, "FIRE: hidden width of the MLP 1 -> W -> N heads")
     fire_threshold: float = doc(512.0, "FIRE: initial threshold L of the normaliser psi(max(L, i)); learned as a multiple of this")
     kerple_variant: str = doc("log", 'KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2')
+    rope_scaling: str | None = doc(None, 'rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain')
+    rope_scaling_factor: float = doc(1.0, "s >= 1: how many times the context is stretched; 1 is plain rope")
+    rope_original_max_len: int | None = doc(None, "YaRN: the context the model was trained on; None: max_len")
+    xpos_scale_base: float = doc(512.0, "xpos: gamma of the decay zeta^((n - m) / gamma)")
 
     family: ClassVar[str] = "transformer"
+    bidirectional_stack: ClassVar[bool] = False  # True where some stack attends both ways (BERT, T5's encoder)
 
     def __post_init__(self):
         for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers", "d_ff"):
@@ -120,8 +127,8 @@ class TransformerConfig:
             if self.position == "learned" and self.random_positions > self.max_len:
                 raise ValueError(f"random_positions={self.random_positions} needs a learned table of as many rows, "
                                  f"but max_len={self.max_len}")
-        if self.position == "rope" and self.head_size % 2:
-            raise ValueError(f"rope needs an even head width, got {self.head_size}")
+        if self.position in ROTARY_POSITIONS and self.head_size % 2:
+            raise ValueError(f"{self.position} needs an even head width, got {self.head_size}")
         if self.position == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if not 0.0 <= self.dropout < 1.0:
@@ -134,6 +141,19 @@ class TransformerConfig:
             raise ValueError(f"fire_threshold must be positive, got {self.fire_threshold!r}")
         if self.kerple_variant not in KERPLE_VARIANTS:
             raise ValueError(f"kerple_variant={self.kerple_variant!r} is not one of {KERPLE_VARIANTS}")
+        if self.bidirectional_stack and self.position in CAUSAL_ONLY_POSITIONS:
+            raise ValueError(f"{type(self).__name__}: position={self.position!r} is defined for causal attention "
+                             f"only, and {self.family} has a bidirectional stack; use one of {positions_for(self.family)}")
+        if self.rope_scaling is not None and self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(f"rope_scaling={self.rope_scaling!r} is not one of {ROPE_SCALINGS} or None")
+        if self.rope_scaling is not None and self.position not in ROTARY_POSITIONS:
+            raise ValueError(f"rope_scaling needs a rotary position {ROTARY_POSITIONS}, got position={self.position!r}")
+        if not self.rope_scaling_factor >= 1.0:
+            raise ValueError(f"rope_scaling_factor must be >= 1, got {self.rope_scaling_factor}")
+        if self.rope_original_max_len is not None and self.rope_original_max_len < 1:
+            raise ValueError(f"rope_original_max_len must be a positive int or None, got {self.rope_original_max_len}")
+        if self.xpos_scale_base <= 0:
+            raise ValueError(f"xpos_scale_base must be positive, got {self.xpos_scale_base}")
 
     @property
     def head_size(self) -> int:
@@ -173,6 +193,7 @@ class BertConfig(TransformerConfig):
     embedding_norm: bool = doc(True, "LayerNorm on the summed embeddings, as BERT does")
 
     family: ClassVar[str] = "bert"
+    bidirectional_stack: ClassVar[bool] = True
 
     @classmethod
     def bert_base(cls, **changes) -> "BertConfig":
@@ -198,6 +219,7 @@ class T5Config(TransformerConfig):
     eos_id: int = doc(1, "</s>")
 
     family: ClassVar[str] = "t5"
+    bidirectional_stack: ClassVar[bool] = True
 
     @property
     def decoder_layers(self) -> int:
@@ -217,6 +239,13 @@ EXECUTION_FIELDS = tuple(f.name for f in dataclasses.fields(ExecutionConfig))
 
 CONFIGS = {cls.family: cls for cls in (GPTConfig, BertConfig, T5Config)}
 """config.family -> config class, the one registry of configs (models: txjax.models.MODELS)."""
+
+
+def positions_for(family: str) -> tuple[str, ...]:
+    """The POSITIONS a family accepts: all of them, less the causal-only ones where a stack is bidirectional."""
+    if CONFIGS[family].bidirectional_stack:
+        return tuple(p for p in POSITIONS if p not in CAUSAL_ONLY_POSITIONS)
+    return POSITIONS
 
 
 def config_from_dict(d: dict) -> TransformerConfig:

@@ -8,6 +8,7 @@ from flax import nnx, struct
 from txjax import ops
 from txjax.config import ExecutionConfig, TransformerConfig
 from txjax.nn.layers import Dense, check_width, dense_kwargs
+from txjax.nn.positions import Rotary
 from txjax.ops import xla_cpu
 
 
@@ -27,8 +28,9 @@ class LayerCache:
 class MultiHeadAttention(nnx.Module):
     """Projections D -> N*H, the attention of `txjax.ops`, the output projection N*H -> D.
 
-    The bias (masks, relative or ALiBi) comes from outside, as in t5x; `rope_positions`
-    (the positions of x's tokens) rotates the queries and the new keys.
+    The bias (masks, relative or ALiBi) comes from outside, as in t5x; so does `rotary`
+    (rope, scaled rope, xpos), which turns the queries and the new keys at `positions`,
+    those of x's tokens.
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
@@ -37,7 +39,6 @@ class MultiHeadAttention(nnx.Module):
         self.num_heads = config.num_heads
         self.d_model = d
         self.scale = config.attention_scale
-        self.rope_base = config.rope_base
         self.attention_impl = execution.attention_impl
         dense = dense_kwargs(config, execution, rngs)
         self.xla_cpu_grads = dense["xla_cpu_grads"]
@@ -50,11 +51,12 @@ class MultiHeadAttention(nnx.Module):
         n = self.num_heads
         return ops.split_heads(self.k(kv_BSD), n), ops.split_heads(self.v(kv_BSD), n)
 
-    def qkv(self, x_BTD, kv_BSD=None, rope_positions=None, cache: LayerCache | None = None):
+    def qkv(self, x_BTD, kv_BSD=None, rotary: Rotary | None = None, positions=None,
+            cache: LayerCache | None = None):
         """(q_BTNH, k_BSNH, v_BSNH, cache): what the queries attend over.
 
         Keys come from the cache when it holds fixed ones, else from kv_BSD (cross) or
-        x_BTD (self), rotated at `rope_positions`; a cache with an index gets the new
+        x_BTD (self), rotated at `positions`; a cache with an index gets the new
         keys written at index .. index + T - 1 and hands back all of its S slots.
         """
         check_width(x_BTD, self.d_model, "MultiHeadAttention query input")
@@ -64,9 +66,8 @@ class MultiHeadAttention(nnx.Module):
         if kv_BSD is not None:
             check_width(kv_BSD, self.d_model, "MultiHeadAttention key/value input")
         k_BSNH, v_BSNH = self.project_kv(x_BTD if kv_BSD is None else kv_BSD)
-        if rope_positions is not None:
-            q_BTNH = ops.apply_rope(q_BTNH, rope_positions, self.rope_base)
-            k_BSNH = ops.apply_rope(k_BSNH, rope_positions, self.rope_base)
+        if rotary is not None:
+            q_BTNH, k_BSNH = rotary.queries(q_BTNH, positions), rotary.keys(k_BSNH, positions)
         if cache is not None:
             start = (0, cache.index, 0, 0)
             cache = cache.replace(
@@ -82,7 +83,8 @@ class MultiHeadAttention(nnx.Module):
         bias: jax.Array | None = None,
         *,
         kv_BSD: jax.Array | None = None,
-        rope_positions: jax.Array | None = None,
+        rotary: Rotary | None = None,
+        positions: jax.Array | None = None,
         cache: LayerCache | None = None,
         causal_block_size: int | None = None,
     ) -> tuple[jax.Array, LayerCache | None]:
@@ -92,7 +94,7 @@ class MultiHeadAttention(nnx.Module):
         may not see. `causal_block_size`: the bias hides every later key (see
         `ops.dot_product_attention`); the caller vouches for it.
         """
-        q_BTNH, k_BSNH, v_BSNH, cache = self.qkv(x_BTD, kv_BSD, rope_positions, cache)
+        q_BTNH, k_BSNH, v_BSNH, cache = self.qkv(x_BTD, kv_BSD, rotary, positions, cache)
         attend = xla_cpu.dot_product_attention if self.xla_cpu_grads else ops.dot_product_attention
         out_BTNH = attend(q_BTNH, k_BSNH, v_BSNH, bias, self.scale, self.attention_impl, causal_block_size)
         return self.o(ops.merge_heads(out_BTNH)), cache

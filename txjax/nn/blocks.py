@@ -10,7 +10,7 @@ from txjax import ops
 from txjax.config import ExecutionConfig, TransformerConfig
 from txjax.nn.attention import LayerCache, MultiHeadAttention
 from txjax.nn.layers import FeedForward, is_concrete, make_norm
-from txjax.nn.positions import Positions
+from txjax.nn.positions import Positions, Rotary
 
 
 @struct.dataclass
@@ -89,7 +89,8 @@ class TransformerBlock(nnx.Module):
         x_BTD: jax.Array,
         bias: jax.Array | None,
         *,
-        rope_positions: jax.Array | None = None,
+        rotary: Rotary | None = None,
+        positions: jax.Array | None = None,
         enc_BSD: jax.Array | None = None,
         cross_bias: jax.Array | None = None,
         cache: LayerCache | None = None,
@@ -97,11 +98,12 @@ class TransformerBlock(nnx.Module):
     ) -> tuple[jax.Array, LayerCache | None]:
         """(x_BTD, cache): `cache` comes back with the new keys and values written.
 
+        `rotary` turns self-attention's queries and keys at `positions`, the tokens' own.
         Cross-attention reads enc_BSD, or the encoder keys already in `cross_cache`.
         """
         blocks = self.causal_block_size if cache is None else None
         x_BTD, cache = self._residual(x_BTD, self.self_norm, lambda h: self.self_attn(
-            h, bias, rope_positions=rope_positions, cache=cache, causal_block_size=blocks))
+            h, bias, rotary=rotary, positions=positions, cache=cache, causal_block_size=blocks))
         if self.cross_attn is not None:
             if enc_BSD is None and cross_cache is None:
                 raise ValueError("a cross-attending block needs the encoder output or its cached keys")
@@ -199,8 +201,7 @@ class TransformerStack(nnx.Module):
             cross_mask = cache.cross_mask
         bias = self.self_bias(positions_T, k_positions_S, k_valid_BS)
         cross_bias = None if cross_mask is None else ops.mask_to_bias(cross_mask)
-        kwargs = dict(rope_positions=positions_T if self.positions.rope else None,
-                      enc_BSD=enc_BSD, cross_bias=cross_bias)
+        kwargs = dict(rotary=self.positions.rotary, positions=positions_T, enc_BSD=enc_BSD, cross_bias=cross_bias)
         layers = []
         for i, block in enumerate(self.blocks):
             if cache is None and self.remat:

@@ -5,11 +5,47 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
 from txjax import ops
-from txjax.config import TransformerConfig
+from txjax.config import ROTARY_POSITIONS, TransformerConfig
 from txjax.nn.layers import INIT, is_concrete
+
+
+class Rotary(struct.PyTreeNode):
+    """What rotates queries and keys (rope, scaled rope, xpos): static settings, no arrays.
+
+    Both are rotated at their own positions, [T] or [B, T]; keys are rotated before they
+    are cached, so a cached key is the one the full forward computes.
+    """
+
+    kind: str = struct.field(pytree_node=False)
+    base: float = struct.field(pytree_node=False)
+    scaling: str | None = struct.field(pytree_node=False)
+    factor: float = struct.field(pytree_node=False)
+    original_max_len: int = struct.field(pytree_node=False)
+    xpos_scale_base: float = struct.field(pytree_node=False)
+
+    @classmethod
+    def of(cls, config: TransformerConfig) -> "Rotary | None":
+        """The config's rotation; None for a position that does not rotate."""
+        if config.position not in ROTARY_POSITIONS:
+            return None
+        original = config.max_len if config.rope_original_max_len is None else config.rope_original_max_len
+        return cls(config.position, config.rope_base, config.rope_scaling, config.rope_scaling_factor,
+                   original, config.xpos_scale_base)
+
+    def _apply(self, x_BTNH: jax.Array, positions: jax.Array, downscale: bool) -> jax.Array:
+        scaling = (self.scaling, self.factor, self.original_max_len)
+        if self.kind == "xpos":
+            return ops.apply_xpos(x_BTNH, positions, self.base, self.xpos_scale_base, downscale, *scaling)
+        return ops.apply_rope(x_BTNH, positions, self.base, *scaling)
+
+    def queries(self, q_BTNH: jax.Array, positions: jax.Array) -> jax.Array:
+        return self._apply(q_BTNH, positions, downscale=False)
+
+    def keys(self, k_BSNH: jax.Array, positions: jax.Array) -> jax.Array:
+        return self._apply(k_BSNH, positions, downscale=True)
 
 
 class RelativePositionBias(nnx.Module):
@@ -103,7 +139,7 @@ class Positions(nnx.Module):
 
     learned / sinusoidal: `embed` gives a [T, D] table added to the input.
     t5 / alibi / fire / kerple: `attention_bias` gives a [1, N, T, S] bias for self-attention.
-    rope: `rope` is True and the attention rotates q and k. none: nothing at all.
+    rope / xpos: `rotary` rotates the attention's queries and keys. none: nothing at all.
     """
 
     def __init__(self, config: TransformerConfig, *, bidirectional: bool, rngs: nnx.Rngs):
@@ -111,6 +147,7 @@ class Positions(nnx.Module):
         self.max_len = config.max_len
         self.d_model = config.d_model
         self.num_heads = config.num_heads
+        self.rotary = Rotary.of(config)
         self.table = (
             nnx.Param(INIT(rngs.params(), (config.max_len, config.d_model)))
             if self.kind == "learned" else None
@@ -123,10 +160,6 @@ class Positions(nnx.Module):
             self.relative = KerpleBias(config, rngs=rngs)
         else:
             self.relative = None
-
-    @property
-    def rope(self) -> bool:
-        return self.kind == "rope"
 
     def embed(self, positions_T: jax.Array) -> jax.Array | None:
         if self.kind == "sinusoidal":

@@ -71,12 +71,12 @@ def layer_attention(model, tokens_BT: jax.Array, layer: int) -> jax.Array:
     if not 0 <= layer < len(stack.blocks):
         raise ValueError(f"layer {layer} is outside 0 .. {len(stack.blocks) - 1}")
     bias = stack.self_bias(positions_T, positions_T, valid_BT)
-    rope = positions_T if stack.positions.rope else None
+    rotary = dict(rotary=stack.positions.rotary, positions=positions_T)
     for block in stack.blocks[:layer]:
-        x_BTD, _ = block(x_BTD, bias, rope_positions=rope)
+        x_BTD, _ = block(x_BTD, bias, **rotary)
     block = stack.blocks[layer]
     h_BTD = block.self_norm(x_BTD) if block.pre else x_BTD
-    q_BTNH, k_BSNH, _, _ = block.self_attn.qkv(h_BTD, rope_positions=rope)
+    q_BTNH, k_BSNH, _, _ = block.self_attn.qkv(h_BTD, **rotary)
     return ops.attention_weights(q_BTNH, k_BSNH, bias, block.self_attn.scale)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from txjax.fields import doc
 from txjax import GPT, T5
-from txjax.config import POSITIONS, GPTConfig, T5Config
+from txjax.config import POSITIONS, GPTConfig, T5Config, positions_for
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
     git_revision,
@@ -209,7 +209,7 @@ def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict
     runs = []
     for family in parse_list(study.families):
         for task in parse_list(study.tasks):
-            for position in parse_list(study.positions):
+            for position in (p for p in parse_list(study.positions) if p in positions_for(family)):
                 for seed in range(study.seeds):
                     r = run_one(family, task, position, seed, study, train_cfg, cache)
                     runs.append(r)
