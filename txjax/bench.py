@@ -29,7 +29,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from txjax.fields import doc
 from txjax import cost
 from txjax.config import CONFIGS, ExecutionConfig, TransformerConfig
 from txjax.models import MODELS
@@ -39,11 +38,11 @@ from txjax.models import MODELS
 class BenchConfig:
     """What to benchmark and how long."""
 
-    batch: int = doc(32, "sequences per step")
-    seq: int = doc(197, "tokens per sequence (T5: encoder and decoder each)")
-    steps: int = doc(20, "timed steps; the median is reported")
-    warmup: int = doc(3, "untimed steps after compilation")
-    burst: int = doc(3, "calls of each peak matmul after every step; the first (cold) one is not counted")
+    batch: int = 32  # sequences per step
+    seq: int = 197  # tokens per sequence (T5: encoder and decoder each)
+    steps: int = 20  # timed steps; the median is reported
+    warmup: int = 3  # untimed steps after compilation
+    burst: int = 3  # calls of each peak matmul after every step; the first (cold) one is not counted
     seed: int = 0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from txjax.fields import doc
 from txjax.ops.activations import ACTIVATIONS
 from txjax.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLS
 from txjax.ops.positions import KERPLE_VARIANTS, ROPE_SCALINGS
@@ -31,10 +30,10 @@ GRAD_FORMS = ("auto", "autodiff", "xla_cpu")
 class ExecutionConfig:
     """How a model runs: none of these change what it computes, only the order of float sums."""
 
-    attention_impl: str = doc("reference", '"reference" (txjax.ops), "xla" or "cudnn" (jax.nn.dot_product_attention; cudnn: NVIDIA GPU only)')
-    causal_block_size: int | None = doc(64, "causal self-attention in query blocks of ~this size that skip the masked keys above the diagonal; None: one block (cudnn: never blocked, its kernel skips them itself)")
-    remat: bool = doc(False, "recompute each block's activations in the backward pass (gradient checkpointing)")
-    grad_forms: str = doc("auto", 'float32 matmul gradients: "xla_cpu" (txjax.ops.xla_cpu, fast on XLA:CPU), "autodiff", or "auto": xla_cpu when JAX’s default backend is the CPU')
+    attention_impl: str = "reference"  # "reference" (txjax.ops), "xla" or "cudnn" (jax.nn.dot_product_attention; cudnn: NVIDIA GPU only)
+    causal_block_size: int | None = 64  # causal self-attention in query blocks of ~this size that skip the masked keys above the diagonal; None: one block (cudnn: never blocked, its kernel skips them itself)
+    remat: bool = False  # recompute each block's activations in the backward pass (gradient checkpointing)
+    grad_forms: str = "auto"  # float32 matmul gradients: "xla_cpu" (txjax.ops.xla_cpu, fast on XLA:CPU), "autodiff", or "auto": xla_cpu when JAX's default backend is the CPU
 
     def __post_init__(self):
         for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("grad_forms", GRAD_FORMS)):
@@ -59,38 +58,38 @@ class ExecutionConfig:
 class TransformerConfig:
     """Fields common to BERT, GPT and T5."""
 
-    vocab_size: int = doc(256, "V: number of token ids")
-    max_len: int = doc(256, "longest sequence; the size of a learned position table")
-    d_model: int = doc(128, "D: residual stream width")
-    num_heads: int = doc(4, "N")
-    num_layers: int = doc(4, "blocks per stack (T5: encoder, and decoder unless num_decoder_layers)")
-    d_ff: int = doc(512, "F: feed-forward hidden width")
-    head_dim: int | None = doc(None, "H; None means d_model // num_heads")
-    position: str = doc("learned", "one of POSITIONS")
-    norm: str = doc("layer", '"layer" (mean, variance, bias) or "rms"')
-    norm_position: str = doc("pre", '"pre": read normalised; "post": write normalised')
+    vocab_size: int = 256  # V: number of token ids
+    max_len: int = 256  # longest sequence; the size of a learned position table
+    d_model: int = 128  # D: residual stream width
+    num_heads: int = 4  # N
+    num_layers: int = 4  # blocks per stack (T5: encoder, and decoder unless num_decoder_layers)
+    d_ff: int = 512  # F: feed-forward hidden width
+    head_dim: int | None = None  # H; None means d_model // num_heads
+    position: str = "learned"  # one of POSITIONS
+    norm: str = "layer"  # "layer" (mean, variance, bias) or "rms"
+    norm_position: str = "pre"  # "pre": read normalised; "post": write normalised
     norm_eps: float = 1e-5
-    activation: str = doc("gelu", "gelu (exact), gelu_tanh, relu, silu")
-    gated: bool = doc(False, "gated feed-forward (GEGLU / SwiGLU): act(x W0) * (x W1)")
-    use_bias: bool = doc(True, "biases in attention and feed-forward projections")
-    tie_embeddings: bool = doc(True, "output head shares the token embedding")
-    dropout: float = doc(0.0, "on embeddings and on each residual branch")
-    attention_scale: float | None = doc(None, "None: 1/sqrt(H); T5 checkpoints use 1.0")
+    activation: str = "gelu"  # gelu (exact), gelu_tanh, relu, silu
+    gated: bool = False  # gated feed-forward (GEGLU / SwiGLU): act(x W0) * (x W1)
+    use_bias: bool = True  # biases in attention and feed-forward projections
+    tie_embeddings: bool = True  # output head shares the token embedding
+    dropout: float = 0.0  # on embeddings and on each residual branch
+    attention_scale: float | None = None  # None: 1/sqrt(H); T5 checkpoints use 1.0
     rope_base: float = 10000.0
-    num_buckets: int = doc(32, "T5 relative-position buckets")
-    max_distance: int = doc(128, "T5: offsets beyond this share the last bucket (must exceed num_buckets // 2)")
-    scale_embeddings: bool = doc(False, "multiply token embeddings by sqrt(d_model) before positions are added, as Vaswani et al. do (with sinusoidal positions of unit scale)")
-    random_positions: int | None = doc(None, "Ruoss et al. 2023: while training, each sequence's positions are a sorted random subset of [0, random_positions) instead of 0..T-1; None: off")
-    random_positions_eval: bool = doc(False, "draw random positions in evaluation too (the paper's code does); False: 0..T-1 there")
-    pad_id: int | None = doc(None, "keys equal to pad_id are masked; None: no padding mask")
-    dtype: str = doc("float32", "compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32")
-    fire_mlp_width: int = doc(32, "FIRE: hidden width of the MLP 1 -> W -> N heads")
-    fire_threshold: float = doc(512.0, "FIRE: initial threshold L of the normaliser psi(max(L, i)); learned as a multiple of this")
-    kerple_variant: str = doc("log", 'KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2')
-    rope_scaling: str | None = doc(None, 'rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain')
-    rope_scaling_factor: float = doc(1.0, "s >= 1: how many times the context is stretched; 1 is plain rope")
-    rope_original_max_len: int | None = doc(None, "YaRN: the context the model was trained on; None: max_len")
-    xpos_scale_base: float = doc(512.0, "xpos: gamma of the decay zeta^((n - m) / gamma)")
+    num_buckets: int = 32  # T5 relative-position buckets
+    max_distance: int = 128  # T5: offsets beyond this share the last bucket (must exceed num_buckets // 2)
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) before positions are added, as Vaswani et al. do (with sinusoidal positions of unit scale)
+    random_positions: int | None = None  # Ruoss et al. 2023: while training, each sequence's positions are a sorted random subset of [0, random_positions) instead of 0..T-1; None: off
+    random_positions_eval: bool = False  # draw random positions in evaluation too (the paper's code does); False: 0..T-1 there
+    pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
+    dtype: str = "float32"  # compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32
+    fire_mlp_width: int = 32  # FIRE: hidden width of the MLP 1 -> W -> N heads
+    fire_threshold: float = 512.0  # FIRE: initial threshold L of the normaliser psi(max(L, i)); learned as a multiple of this
+    kerple_variant: str = "log"  # KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2
+    rope_scaling: str | None = None  # rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain
+    rope_scaling_factor: float = 1.0  # s >= 1: how many times the context is stretched; 1 is plain rope
+    rope_original_max_len: int | None = None  # YaRN: the context the model was trained on; None: max_len
+    xpos_scale_base: float = 512.0  # xpos: gamma of the decay zeta^((n - m) / gamma)
 
     family: ClassVar[str] = "transformer"
     bidirectional_stack: ClassVar[bool] = False  # True where some stack attends both ways (BERT, T5's encoder)
@@ -188,9 +187,9 @@ class BertConfig(TransformerConfig):
 
     norm_position: str = "post"
     norm_eps: float = 1e-12
-    pad_id: int | None = doc(0, "[PAD]")
-    type_vocab_size: int = doc(2, "segment ids 0 .. type_vocab_size - 1")
-    embedding_norm: bool = doc(True, "LayerNorm on the summed embeddings, as BERT does")
+    pad_id: int | None = 0  # [PAD]
+    type_vocab_size: int = 2  # segment ids 0 .. type_vocab_size - 1
+    embedding_norm: bool = True  # LayerNorm on the summed embeddings, as BERT does
 
     family: ClassVar[str] = "bert"
     bidirectional_stack: ClassVar[bool] = True
@@ -213,10 +212,10 @@ class T5Config(TransformerConfig):
     norm_eps: float = 1e-6
     activation: str = "relu"
     use_bias: bool = False
-    pad_id: int | None = doc(0, "<pad>; masks encoder keys only")
-    num_decoder_layers: int | None = doc(None, "None: same as num_layers")
-    decoder_start_id: int = doc(0, "T5 starts decoding from <pad>")
-    eos_id: int = doc(1, "</s>")
+    pad_id: int | None = 0  # <pad>; masks encoder keys only
+    num_decoder_layers: int | None = None  # None: same as num_layers
+    decoder_start_id: int = 0  # T5 starts decoding from <pad>
+    eos_id: int = 1  # </s>
 
     family: ClassVar[str] = "t5"
     bidirectional_stack: ClassVar[bool] = True

@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txjax.fields import doc
 from txjax import GPT, T5, Bert, ops
 from txjax.config import GPTConfig
 from txjax.studies.common import init_params, pyplot
@@ -35,12 +34,12 @@ from txjax.train.steps import Stepper, gpt_loss
 class AttentionMapConfig:
     """Which model, which input and which layer to draw."""
 
-    run_dir: str | None = doc(None, "a run folder of a train_*.py script with a char tokenizer; None: train a small char GPT first")
-    text: str = doc("ROMEO: But soft, what light through yonder window breaks?", "the input, one token per character")
-    layer: int = doc(0, "the block whose self-attention is drawn (0 = first)")
-    train_steps: int = doc(300, "without run_dir: steps of the char GPT trained on the corpus")
-    corpus: str | None = doc(None, "without run_dir: a corpus file or name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)")
-    out: str = doc("docs/results/attention_maps/attention_layer0.png", "the PNG to write")
+    run_dir: str | None = None  # a run folder of a train_*.py script with a char tokenizer; None: train a small char GPT first
+    text: str = "ROMEO: But soft, what light through yonder window breaks?"  # the input, one token per character
+    layer: int = 0  # the block whose self-attention is drawn (0 = first)
+    train_steps: int = 300  # without run_dir: steps of the char GPT trained on the corpus
+    corpus: str | None = None  # without run_dir: a corpus file or name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)
+    out: str = "docs/results/attention_maps/attention_layer0.png"  # the PNG to write
 
     def __post_init__(self):
         if self.layer < 0 or self.train_steps < 0 or not self.text:

@@ -28,7 +28,6 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from txjax.fields import doc
 from txjax import GPT
 from txjax.config import POSITIONS, GPTConfig
 from txjax.data import CharTokenizer, load_corpus
@@ -55,17 +54,17 @@ LN2 = math.log(2.0)
 class LengthStudyConfig:
     """What the length-extrapolation study trains, scores and writes."""
 
-    corpus: str | None = doc(None, "a UTF-8 file or txjax.data corpus name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)")
-    positions: str = doc(",".join(POSITIONS), "comma-separated position encodings to compare")
-    seeds: int = doc(3, "seeds per encoding (0 .. seeds-1); mean ± std over them")
-    train_len: int = doc(64, "L: training window, and the size of a learned position table")
-    multiples: str = doc("1,2,4,8,16", "evaluation lengths as multiples of L")
-    stride: int | None = doc(None, "sliding-window step; None: train_len // 2")
-    eval_tokens: int = doc(4096, "held-out targets scored at every length (rounded down to a multiple of the longest window)")
-    heldout_fraction: float = doc(0.1, "the last part of the corpus, never trained on")
-    eval_batch_tokens: int = doc(16384, "tokens per evaluation forward pass")
-    out_dir: str = doc("docs/results/length_extrapolation", "where tables, plot and results.json go")
-    sinusoidal_scale: bool = doc(True, "sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings); without it the unit-scale sinusoids swamp embeddings of std 0.02")
+    corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)
+    positions: str = ",".join(POSITIONS)  # comma-separated position encodings to compare
+    seeds: int = 3  # seeds per encoding (0 .. seeds-1); mean ± std over them
+    train_len: int = 64  # L: training window, and the size of a learned position table
+    multiples: str = "1,2,4,8,16"  # evaluation lengths as multiples of L
+    stride: int | None = None  # sliding-window step; None: train_len // 2
+    eval_tokens: int = 4096  # held-out targets scored at every length (rounded down to a multiple of the longest window)
+    heldout_fraction: float = 0.1  # the last part of the corpus, never trained on
+    eval_batch_tokens: int = 16384  # tokens per evaluation forward pass
+    out_dir: str = "docs/results/length_extrapolation"  # where tables, plot and results.json go
+    sinusoidal_scale: bool = True  # sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings); without it the unit-scale sinusoids swamp embeddings of std 0.02
 
     def __post_init__(self):
         bad = [p for p in self.position_list if p not in POSITIONS]

@@ -19,7 +19,6 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from txjax.fields import doc
 from txjax import Bert, T5
 from txjax.config import BertConfig, T5Config
 from txjax.data import BatchIterator, IGNORE_INDEX, pack_tokens
@@ -49,19 +48,19 @@ EVAL_RATE = 0.15
 class MaskRateConfig:
     """Which rates and families, the model size, and the fixed held-out task."""
 
-    rates: str = doc("0.05,0.15,0.3,0.5", "training masking rates (BERT) / noise densities (T5)")
-    families: str = doc("bert,t5", "comma list from bert, t5")
-    seeds: int = doc(1, "seeds per (family, rate)")
-    corpus: str | None = doc(None, "a UTF-8 file or txjax.data corpus name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)")
-    seq_len: int = doc(64, "BERT: tokens per row with [CLS] and [SEP]; T5: encoder length")
-    mean_span: float = doc(3.0, "T5: mean corrupted-span length")
-    num_sentinels: int = doc(32, "T5: sentinel ids")
-    heldout_examples: int = doc(512, "held-out examples in the fixed 15% task")
-    d_model: int = doc(64, "D of both families")
-    num_heads: int = doc(4, "N")
-    num_layers: int = doc(2, "blocks (T5: per stack)")
-    d_ff: int = doc(256, "F")
-    out_dir: str = doc("docs/results/mask_rate", "where tables, plot and results.json go")
+    rates: str = "0.05,0.15,0.3,0.5"  # training masking rates (BERT) / noise densities (T5)
+    families: str = "bert,t5"  # comma list from bert, t5
+    seeds: int = 1  # seeds per (family, rate)
+    corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)
+    seq_len: int = 64  # BERT: tokens per row with [CLS] and [SEP]; T5: encoder length
+    mean_span: float = 3.0  # T5: mean corrupted-span length
+    num_sentinels: int = 32  # T5: sentinel ids
+    heldout_examples: int = 512  # held-out examples in the fixed 15% task
+    d_model: int = 64  # D of both families
+    num_heads: int = 4  # N
+    num_layers: int = 2  # blocks (T5: per stack)
+    d_ff: int = 256  # F
+    out_dir: str = "docs/results/mask_rate"  # where tables, plot and results.json go
 
     def __post_init__(self):
         fams = parse_list(self.families)

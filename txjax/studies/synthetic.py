@@ -22,7 +22,6 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from txjax.fields import doc
 from txjax import GPT, T5
 from txjax.config import POSITIONS, GPTConfig, T5Config, positions_for
 from txjax.data import IGNORE_INDEX
@@ -50,22 +49,22 @@ FAMILIES = ("gpt", "t5")
 class SyntheticConfig:
     """Copy / reverse: tasks, lengths, model size, and what is compared."""
 
-    tasks: str = doc("copy,reverse", "comma list from copy, reverse")
-    families: str = doc("gpt,t5", "gpt: decoder-only; t5: encoder-decoder")
-    positions: str = doc(",".join(POSITIONS), "comma list of position encodings")
-    seeds: int = doc(1, "seeds per (task, family, encoding)")
-    num_symbols: int = doc(20, "size of the symbol alphabet (4 special ids come on top)")
-    train_min: int = doc(4, "shortest training input")
-    train_max: int = doc(20, "longest training input")
-    test_min: int = doc(21, "shortest out-of-distribution test input")
-    test_max: int = doc(40, "longest out-of-distribution test input")
-    eval_examples: int = doc(512, "test examples per split (in / out of distribution)")
-    d_model: int = doc(64, "D of both families")
-    num_heads: int = doc(4, "N")
-    num_layers: int = doc(2, "blocks (T5: per stack)")
-    d_ff: int = doc(256, "F")
-    out_dir: str = doc("docs/results/synthetic", "where tables, plot and results.json go")
-    sinusoidal_scale: bool = doc(True, "sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings)")
+    tasks: str = "copy,reverse"  # comma list from copy, reverse
+    families: str = "gpt,t5"  # gpt: decoder-only; t5: encoder-decoder
+    positions: str = ",".join(POSITIONS)  # comma list of position encodings
+    seeds: int = 1  # seeds per (task, family, encoding)
+    num_symbols: int = 20  # size of the symbol alphabet (4 special ids come on top)
+    train_min: int = 4  # shortest training input
+    train_max: int = 20  # longest training input
+    test_min: int = 21  # shortest out-of-distribution test input
+    test_max: int = 40  # longest out-of-distribution test input
+    eval_examples: int = 512  # test examples per split (in / out of distribution)
+    d_model: int = 64  # D of both families
+    num_heads: int = 4  # N
+    num_layers: int = 2  # blocks (T5: per stack)
+    d_ff: int = 256  # F
+    out_dir: str = "docs/results/synthetic"  # where tables, plot and results.json go
+    sinusoidal_scale: bool = True  # sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings)
 
     def __post_init__(self):
         for name, allowed in (("tasks", TASKS), ("families", FAMILIES), ("positions", POSITIONS)):

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from txjax.fields import doc
 from txjax.config import ExecutionConfig, GPTConfig
 from txjax.data import BatchIterator, PatchTokenizer, ar_shift, load_mnist
 from txjax.decoding import check_sampling, generate
@@ -36,16 +35,16 @@ PIXELS = 784
 class MnistRunConfig(RunConfig):
     """The MNIST run: data, tokenizer, evaluation and sampling."""
 
-    name: str = doc("gpt_mnist", "run folder name: <runs_dir>/<name>")
-    data: str | None = doc(None, "MNIST .npz or folder; None: txjax.data.load_mnist's search ($TXJAX_DATA, the cache, ...); the script passes ../shared/data/mnist.npz when it is beside the repo")
-    patch: int = doc(2, "patch side in pixels; vocabulary 2**(patch*patch) + 1 (BOS)")
-    threshold: float = doc(0.5, "a pixel is on when it exceeds threshold * 255")
-    train_images: int = doc(0, "use the first N training images; 0: all 60,000")
-    test_images: int = doc(0, "score the first N test images; 0: all 10,000")
-    eval_batch_size: int = doc(500, "images per batch when scoring the test set")
-    temperature: float = doc(1.0, "sampling temperature for samples.png; 0 means greedy")
-    num_samples: int = doc(64, "digits drawn into samples.png")
-    top_k: int | None = doc(None, "sample only among the k most likely patches; None: all")
+    name: str = "gpt_mnist"  # run folder name: <runs_dir>/<name>
+    data: str | None = None  # MNIST .npz or folder; None: txjax.data.load_mnist's search ($TXJAX_DATA, the cache, ...); the script passes ../shared/data/mnist.npz when it is beside the repo
+    patch: int = 2  # patch side in pixels; vocabulary 2**(patch*patch) + 1 (BOS)
+    threshold: float = 0.5  # a pixel is on when it exceeds threshold * 255
+    train_images: int = 0  # use the first N training images; 0: all 60,000
+    test_images: int = 0  # score the first N test images; 0: all 10,000
+    eval_batch_size: int = 500  # images per batch when scoring the test set
+    temperature: float = 1.0  # sampling temperature for samples.png; 0 means greedy
+    num_samples: int = 64  # digits drawn into samples.png
+    top_k: int | None = None  # sample only among the k most likely patches; None: all
 
     def __post_init__(self):
         super().__post_init__()

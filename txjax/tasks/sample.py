@@ -8,7 +8,6 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from txjax.fields import doc
 from txjax.config import config_from_dict
 from txjax.data import PatchTokenizer
 from txjax.decoding import check_sampling
@@ -25,14 +24,14 @@ from txjax.train.plots import save_image_grid
 class SampleConfig:
     """What to load and how to sample."""
 
-    run: str = doc("runs/gpt_mnist_cpu", "a run folder written by a train_*.py script")
-    step: int | None = doc(None, "checkpoint step to load; None: the latest")
-    num_samples: int = doc(64, "GPT/MNIST: digits to draw")
-    temperature: float = doc(1.0, "softmax temperature; 0 means greedy")
-    top_k: int | None = doc(None, "sample only among the k most likely tokens; None: all")
-    seed: int = doc(0, "sampling key")
-    out: str | None = doc(None, "GPT/MNIST: PNG to write; None: <run>/samples_step<step>.png")
-    prompt: str = doc("To be, or not to b_, that is the qu_____n", 'BERT/T5: text whose "_" runs are masked spans')
+    run: str = "runs/gpt_mnist_cpu"  # a run folder written by a train_*.py script
+    step: int | None = None  # checkpoint step to load; None: the latest
+    num_samples: int = 64  # GPT/MNIST: digits to draw
+    temperature: float = 1.0  # softmax temperature; 0 means greedy
+    top_k: int | None = None  # sample only among the k most likely tokens; None: all
+    seed: int = 0  # sampling key
+    out: str | None = None  # GPT/MNIST: PNG to write; None: <run>/samples_step<step>.png
+    prompt: str = "To be, or not to b_, that is the qu_____n"  # BERT/T5: text whose "_" runs are masked spans
 
     def __post_init__(self):
         if self.num_samples < 1:

@@ -16,7 +16,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from txjax.fields import doc
 from txjax.data import BatchIterator, CharTokenizer, load_corpus
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
@@ -28,15 +27,15 @@ from txjax.train.plots import plot_loss_curve
 class TextRunConfig(RunConfig):
     """The text run: corpus, sequence length, objective and evaluation."""
 
-    corpus: str | None = doc(None, "a UTF-8 file or a txjax.data corpus name; None: the packaged excerpt (the scripts pass ../shared/data/tinyshakespeare.txt when it is beside the repo)")
-    seq_len: int = doc(128, "tokens per example (BERT: with [CLS] and [SEP]; T5: encoder length)")
-    heldout_fraction: float = doc(0.1, "the last part of the corpus, never trained on")
-    heldout_examples: int = doc(256, "held-out examples scored at the end")
-    eval_batch_size: int = doc(64, "examples per held-out batch")
-    mask_rate: float = doc(0.15, "BERT: fraction of tokens chosen for prediction; T5: noise density")
-    mean_span: float = doc(3.0, "T5: mean corrupted-span length")
-    num_sentinels: int = doc(32, "T5: sentinel ids at the top of the vocabulary")
-    show: int = doc(3, "T5: held-out examples whose decoded spans are printed beside the truth")
+    corpus: str | None = None  # a UTF-8 file or a txjax.data corpus name; None: the packaged excerpt (the scripts pass ../shared/data/tinyshakespeare.txt when it is beside the repo)
+    seq_len: int = 128  # tokens per example (BERT: with [CLS] and [SEP]; T5: encoder length)
+    heldout_fraction: float = 0.1  # the last part of the corpus, never trained on
+    heldout_examples: int = 256  # held-out examples scored at the end
+    eval_batch_size: int = 64  # examples per held-out batch
+    mask_rate: float = 0.15  # BERT: fraction of tokens chosen for prediction; T5: noise density
+    mean_span: float = 3.0  # T5: mean corrupted-span length
+    num_sentinels: int = 32  # T5: sentinel ids at the top of the vocabulary
+    show: int = 3  # T5: held-out examples whose decoded spans are printed beside the truth
 
     def __post_init__(self):
         super().__post_init__()

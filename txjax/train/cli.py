@@ -1,7 +1,7 @@
 """Command-line flags generated from frozen config dataclasses.
 
-Every field becomes `--field VALUE`, its help text taken from the field's metadata
-(`txjax.fields.doc`; the field's name when there is none), its default from
+Every field becomes `--field VALUE`, its help text taken from the comment after the
+field in the class source (or the field's name when there is none), its default from
 the preset the script starts from. Only flags given on the command line change the
 preset, through `dataclasses.replace`, so the config's own validation reports bad
 values (`--learning_rate -1`, `--batch_size 0`) as a normal argparse error.
@@ -12,16 +12,28 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import re
 from collections.abc import Sequence
 from typing import Any
 
+_FIELD_RE = re.compile(r"^\s+(\w+)\s*:\s*[^=#]+?(?:=\s*[^#]*)?#\s*(.+?)\s*$")
+
+
 def field_docs(cls: type) -> dict[str, str]:
-    """field name -> help text, from each field's `txjax.fields.doc` metadata; a subclass that
-    only changes a default keeps its base class's text."""
+    """field name -> trailing comment, from `cls` and its dataclass bases (subclass wins)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            docs.update({f.name: f.metadata["doc"] for f in dataclasses.fields(klass) if "doc" in f.metadata})
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        names = set(klass.__dataclass_fields__)
+        for line in source.splitlines():
+            m = _FIELD_RE.match(line)
+            if m and m.group(1) in names:
+                docs[m.group(1)] = m.group(2)
     return docs
 
 

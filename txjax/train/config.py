@@ -1,10 +1,8 @@
-"""Training settings: one frozen dataclass, a help text on every field, validated when made."""
+"""Training settings: one frozen dataclass, a comment on every field, validated when made."""
 
 from __future__ import annotations
 
 import dataclasses
-
-from txjax.fields import doc
 
 PARALLELISMS = ("none", "dp", "fsdp")
 """TrainConfig.parallelism: one device; data parallel; data parallel with sharded state (txjax.train.sharding)."""
@@ -15,28 +13,28 @@ class TrainConfig:
     """How to train: optimizer, schedule, batching, logging and checkpoints."""
 
     # Optimizer (optax AdamW with global-norm clipping).
-    learning_rate: float = doc(3e-4, "peak learning rate, reached at the end of warmup")
-    min_lr_ratio: float = doc(0.1, "the cosine decays to learning_rate * min_lr_ratio at the last step")
-    warmup_steps: int = doc(100, "linear warmup from 0 over this many steps")
-    weight_decay: float = doc(0.1, "AdamW decoupled decay, on dense kernels only (see make_optimizer)")
-    b1: float = doc(0.9, "Adam first-moment decay")
-    b2: float = doc(0.95, "Adam second-moment decay")
-    eps: float = doc(1e-8, "Adam denominator epsilon")
-    grad_clip: float = doc(1.0, "clip gradients to this global L2 norm; 0 disables clipping")
+    learning_rate: float = 3e-4  # peak learning rate, reached at the end of warmup
+    min_lr_ratio: float = 0.1  # the cosine decays to learning_rate * min_lr_ratio at the last step
+    warmup_steps: int = 100  # linear warmup from 0 over this many steps
+    weight_decay: float = 0.1  # AdamW decoupled decay, on dense kernels only (see make_optimizer)
+    b1: float = 0.9  # Adam first-moment decay
+    b2: float = 0.95  # Adam second-moment decay
+    eps: float = 1e-8  # Adam denominator epsilon
+    grad_clip: float = 1.0  # clip gradients to this global L2 norm; 0 disables clipping
     # Steps and batches.
-    steps: int = doc(1000, "optimizer steps in the whole run (the schedule's length)")
-    batch_size: int = doc(64, "examples per optimizer step, summed over micro-batches")
-    grad_accum: int = doc(1, "micro-batches per step; batch_size must be divisible by it")
-    seed: int = doc(0, "seeds the parameters, the data order and dropout")
+    steps: int = 1000  # optimizer steps in the whole run (the schedule's length)
+    batch_size: int = 64  # examples per optimizer step, summed over micro-batches
+    grad_accum: int = 1  # micro-batches per step; batch_size must be divisible by it
+    seed: int = 0  # seeds the parameters, the data order and dropout
     # Devices (txjax.train.sharding).
-    parallelism: str = doc("none", '"none": one device; "dp": batch split over all devices; "fsdp": params and Adam moments split too')
+    parallelism: str = "none"  # "none": one device; "dp": batch split over all devices; "fsdp": params and Adam moments split too
     # Logging, evaluation and checkpoints.
-    log_every: int = doc(10, "append a metrics.jsonl row every this many steps")
-    eval_every: int = doc(0, "evaluate on held-out batches every this many steps; 0: only at the end")
-    eval_batches: int = doc(8, "held-out batches per evaluation during training")
-    checkpoint_every: int = doc(200, "save a checkpoint every this many steps (and always at the end)")
-    keep_checkpoints: int = doc(2, "newest checkpoints kept on disk")
-    progress: bool = doc(True, "show a tqdm progress bar on stderr")
+    log_every: int = 10  # append a metrics.jsonl row every this many steps
+    eval_every: int = 0  # evaluate on held-out batches every this many steps; 0: only at the end
+    eval_batches: int = 8  # held-out batches per evaluation during training
+    checkpoint_every: int = 200  # save a checkpoint every this many steps (and always at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    progress: bool = True  # show a tqdm progress bar on stderr
 
     # Fields that may change when a run resumes: they do not alter the trajectory.
     RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",

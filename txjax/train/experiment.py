@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 
-from txjax.fields import doc
 from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
 from txjax.train.cli import parse_configs
 from txjax.train.config import TrainConfig
@@ -27,9 +26,9 @@ from txjax.train.steps import Stepper, TrainState
 class RunConfig:
     """Where a run writes, and whether it resumes."""
 
-    name: str = doc("run", "run folder name: <runs_dir>/<name>")
-    runs_dir: str = doc("runs", "parent folder of all runs")
-    overwrite: bool = doc(False, "delete an existing <runs_dir>/<name> and start over instead of resuming")
+    name: str = "run"  # run folder name: <runs_dir>/<name>
+    runs_dir: str = "runs"  # parent folder of all runs
+    overwrite: bool = False  # delete an existing <runs_dir>/<name> and start over instead of resuming
 
     def __post_init__(self):
         if not self.name or "/" in self.name or self.name in (".", ".."):
