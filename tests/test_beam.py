@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import txjax
 from txjax import GPT, T5, GPTConfig, T5Config, beam_search, generate, score
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -80,7 +79,7 @@ def test_beam_search_compiles_once():
     assert beam_module._beam_loop._cache_size() == size
 
 
-def test_more_beams_never_score_worse_than_one_without_penalty_effects():
+def test_score_is_the_log_prob_of_the_beam_and_beats_greedy():
     """With length_penalty 0 and no EOS every beam has the same length: the score is the log-prob
     of the returned sequence under `score`, and 4 beams find one at least as likely as greedy."""
     model, prompt = tiny_gpt(), prompts()
@@ -129,7 +128,7 @@ def test_score_t5_and_greedy_flag():
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
-from txjax import hf  # noqa: E402
+from txjax import hf
 
 
 def build_hf(family):
@@ -219,6 +218,6 @@ def test_t5_beam_search_matches_transformers(pair, length_penalty):
     ids[1, 5:] = 0  # padded encoder input: the mask is ids != pad
     ids[2, 3:] = 0
     mask = (ids != 0).astype(np.int64)
-    start = dict(decoder_start_token_id=model.config.decoder_start_id)
+    start = {"decoder_start_token_id": model.config.decoder_start_id}
     free = check_against_hf(model, hf_model, ids, mask, length_penalty, V - 1, **start)
     check_with_reached_eos(model, hf_model, ids, mask, length_penalty, free, 1, **start)
