@@ -76,6 +76,16 @@ def test_param_counts_equal_the_real_tree(family, position, variant):
     assert cost.param_count(config) == real["total"]
 
 
+@pytest.mark.parametrize("kv_heads,variant", [(1, 0), (1, 3), (2, 1), (2, 2)])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_param_counts_with_grouped_kv_heads_equal_the_real_tree(family, kv_heads, variant):
+    """num_kv_heads: K and V project to K·H (T5's cross-attention too), with and without biases."""
+    config = FAMILIES[family][0](**{**TINY, "num_heads": 4}, num_kv_heads=kv_heads, **VARIANTS[variant])
+    predicted = cost.param_counts(config)
+    assert {k: v for k, v in predicted.items() if v} == real_counts(family, config)
+    assert predicted["attention"] < cost.param_counts(config.replace(num_kv_heads=None))["attention"]
+
+
 @pytest.mark.parametrize(
     "name,expected",
     [

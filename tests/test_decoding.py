@@ -118,6 +118,37 @@ def test_t5_cached_logits_equal_full_forward(position):
     np.testing.assert_array_equal(cache.cross_mask[:, 0, 0], enc_BS != 0)
 
 
+GQA_WINDOW = [dict(num_kv_heads=1), dict(attention_window=3), dict(num_kv_heads=2, attention_window=2)]
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "t5"])
+@pytest.mark.parametrize("changes", GQA_WINDOW, ids=["mqa", "window", "gqa-window"])
+def test_gpt_cache_with_gqa_and_window_equals_full_forward(changes, position):
+    """Grouped kv heads in the cache, and a window (smaller than the 9 tokens) hiding the keys
+    older than W while decoding past it: the logits of the full forward with the window mask."""
+    model = gpt(num_heads=4, position=position, pad_id=0, **changes)
+    seq_BT = tokens(0, (2, 9), low=1).at[1, 4].set(0)
+    full, cached, cache = jitted_cache_vs_full(
+        model, lambda m, s: m(s), lambda m: m.init_cache(2, 10), seq_BT, 3
+    )
+    np.testing.assert_allclose(cached, full, atol=1e-5, rtol=0)
+    chex.assert_shape(cache.k, [(2, 10, model.config.kv_heads, 4)] * 2)
+
+
+@pytest.mark.parametrize("changes", GQA_WINDOW[::2], ids=["mqa", "gqa-window"])
+def test_t5_cache_with_gqa_and_window_equals_full_forward(changes):
+    """T5's decoder: self- and cross-attention caches of K heads; the window on self-attention."""
+    model = t5(num_heads=4, num_layers=1, **changes)
+    enc_BS = tokens(3, (2, 7), low=1).at[1, 5:].set(0)
+    dec_BT = tokens(4, (2, 6))
+    full, cached, cache = jitted_cache_vs_full(
+        model, lambda m, dec_BT, enc_BS: m(enc_BS, dec_BT), lambda m, enc_BS: m.init_cache(enc_BS, 8),
+        dec_BT, 2, enc_BS)
+    np.testing.assert_allclose(cached, full, atol=1e-5, rtol=0)
+    kv = model.config.kv_heads
+    chex.assert_shape(cache.k + cache.cross_k, [(2, 8, kv, 4), (2, 7, kv, 4)])  # one decoder layer
+
+
 def test_cache_eager():
     """Without jit too (eager dispatch is slow on 2 cores: one small case): one token into a
     cache longer than needed, then two at once at a non-zero index."""

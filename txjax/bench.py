@@ -67,9 +67,9 @@ def dense_matmul_shapes(config: TransformerConfig, batch: int, seq: int) -> list
     """
     m = batch * seq
     d, f, v = config.d_model, config.d_ff, config.vocab_size
-    inner = config.num_heads * config.head_size
+    inner, kv_inner = config.num_heads * config.head_size, config.kv_heads * config.head_size
     shapes = set()
-    for k, n in ((d, inner), (inner, d), (d, f), (f, d), (d, v)):
+    for k, n in ((d, inner), (d, kv_inner), (inner, d), (d, f), (f, d), (d, v)):
         shapes |= {(m, k, n), (m, n, k), (k, m, n)}
     return sorted(shapes, key=lambda s: -s[0] * s[1] * s[2])
 

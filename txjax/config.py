@@ -90,6 +90,8 @@ class TransformerConfig:
     rope_scaling_factor: float = 1.0  # s >= 1: how many times the context is stretched; 1 is plain rope
     rope_original_max_len: int | None = None  # YaRN: the context the model was trained on; None: max_len
     xpos_scale_base: float = 512.0  # xpos: gamma of the decay zeta^((n - m) / gamma)
+    num_kv_heads: int | None = None  # K key/value heads, each shared by num_heads // K query heads (grouped-query attention; 1: multi-query); must divide num_heads; None: num_heads
+    attention_window: int | None = None  # W: sliding-window self-attention; causal: query q sees keys q - W < k <= q (the last W, itself included); bidirectional: |q - k| <= W; None: full
 
     family: ClassVar[str] = "transformer"
     bidirectional_stack: ClassVar[bool] = False  # True where some stack attends both ways (BERT, T5's encoder)
@@ -153,11 +155,23 @@ class TransformerConfig:
             raise ValueError(f"rope_original_max_len must be a positive int or None, got {self.rope_original_max_len}")
         if self.xpos_scale_base <= 0:
             raise ValueError(f"xpos_scale_base must be positive, got {self.xpos_scale_base}")
+        if self.num_kv_heads is not None and (
+                not isinstance(self.num_kv_heads, int) or self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads):
+            raise ValueError(f"num_kv_heads={self.num_kv_heads!r} must be a positive int dividing "
+                             f"num_heads={self.num_heads}, or None")
+        if self.attention_window is not None and (
+                not isinstance(self.attention_window, int) or self.attention_window < 1):
+            raise ValueError(f"attention_window must be a positive int or None, got {self.attention_window!r}")
 
     @property
     def head_size(self) -> int:
         """H: the head width actually used."""
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """K: the key/value heads actually used (num_heads unless grouped-query)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
     def replace(self, **changes) -> "TransformerConfig":
         return dataclasses.replace(self, **changes)

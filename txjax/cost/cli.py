@@ -98,7 +98,7 @@ def report(config: TransformerConfig, name: str = "", seq_len: int | None = None
     kv = config_kv_cache_bytes(config, 1, t, s)
     weights = counts["total"] * s
     lines += ["", "memory",
-              f"  KV cache L*B*2*D*T*s per sequence (T {t})  {_fmt_bytes(kv)}",
+              f"  KV cache L*B*2*(K*H)*T*s per sequence (T {t}, K {config.kv_heads})  {_fmt_bytes(kv)}",
               f"  max batch on {hw.name} ({_fmt_bytes(hw.memory_bytes)}): "
               f"{max_batch(hw.memory_bytes, kv)} with the cache alone, "
               f"{max_batch(hw.memory_bytes, kv, weights)} beside the weights ({_fmt_bytes(weights)})",

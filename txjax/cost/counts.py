@@ -12,10 +12,12 @@ def _norm_params(config: TransformerConfig) -> int:
 
 
 def _attention_params(config: TransformerConfig) -> int:
-    """Q, K, V: D -> N·H; O: N·H -> D; biases when `use_bias`. The notes' 4·D² when N·H = D."""
+    """Q: D -> N·H; K, V: D -> K·H (K = kv_heads); O: N·H -> D; biases when `use_bias`.
+    The notes' 4·D² when N·H = D and K = N."""
     d, inner = config.d_model, config.num_heads * config.head_size
-    bias = (3 * inner + d) if config.use_bias else 0
-    return 4 * d * inner + bias
+    kv_inner = config.kv_heads * config.head_size
+    bias = (inner + 2 * kv_inner + d) if config.use_bias else 0
+    return 2 * d * inner + 2 * d * kv_inner + bias
 
 
 def _ffn_params(config: TransformerConfig) -> int:
@@ -94,18 +96,30 @@ def matmul_flops(m: int, k: int, n: int) -> int:
     return 2 * m * k * n
 
 
-def attention_flops(n_q: int, n_kv: int, d_model: int, inner: int | None = None) -> dict[str, int]:
+def attention_flops(n_q: int, n_kv: int, d_model: int, inner: int | None = None,
+                    kv_inner: int | None = None, keys_per_query: int | None = None) -> dict[str, int]:
     """One attention layer over one sequence: n_q queries, n_kv keys.
 
     Self-attention (n_q = n_kv = n, inner = D): projections 8·n·D², scores and
     weighted sum 4·n²·D — the notes' 8·n·D² + 4·n²·D. The O(n²·N) softmax is left out.
+    `kv_inner` (K·H, grouped-query attention; default inner) is the width of the K and V
+    projections; `keys_per_query` (a sliding window; default n_kv) the keys each query
+    scores and mixes.
     """
     inner = d_model if inner is None else inner
+    kv_inner = inner if kv_inner is None else kv_inner
+    keys = n_kv if keys_per_query is None else min(keys_per_query, n_kv)
     return {
         "attention_projections": matmul_flops(n_q, d_model, inner) * 2  # Q and O
-        + matmul_flops(n_kv, d_model, inner) * 2,  # K and V
-        "attention_scores": matmul_flops(n_q, inner, n_kv) * 2,  # Q Kᵀ and weights · V
+        + matmul_flops(n_kv, d_model, kv_inner) * 2,  # K and V
+        "attention_scores": matmul_flops(n_q, inner, keys) * 2,  # Q Kᵀ and weights · V
     }
+
+
+def window_keys(config: TransformerConfig, causal: bool) -> int | None:
+    """Keys a query sees at most under `attention_window` W: W causal, 2·W + 1 both ways; None: all."""
+    w = config.attention_window
+    return None if w is None else (w if causal else 2 * w + 1)
 
 
 def forward_flops(
@@ -115,30 +129,32 @@ def forward_flops(
 
     GPT and BERT: `seq_len` tokens each. T5: `seq_len` encoder tokens and `dec_len`
     decoder tokens (default `seq_len`). Attention counts the full n² score matrix
-    (the causal mask saves nothing in a dense kernel). The embedding lookup is a
+    (the causal mask saves nothing in a dense kernel), or with `attention_window` the
+    n·min(W, n) (causal) or n·min(2W + 1, n) (encoder) scores a banded kernel computes. The embedding lookup is a
     gather and does no multiply-adds, so "embeddings" is 0; the tied or untied head
     is the [n, D] @ [D, V] matmul.
     """
     d, f, v = config.d_model, config.d_ff, config.vocab_size
     inner = config.num_heads * config.head_size
+    kv_inner = config.kv_heads * config.head_size
     t5 = config.family == "t5"
     dec_len = seq_len if dec_len is None else dec_len
-    # (layers, query length) per stack; T5's decoder also cross-attends to seq_len keys.
-    stacks = [(config.num_layers, seq_len)]
+    # (layers, query length, causal) per stack; T5's decoder also cross-attends to seq_len keys.
+    stacks = [(config.num_layers, seq_len, config.family == "gpt")]
     if t5:
-        stacks.append((config.decoder_layers, dec_len))
+        stacks.append((config.decoder_layers, dec_len, True))
     out_len = dec_len if t5 else seq_len
     ffn_matrices = 3 if config.gated else 2
 
     totals = dict(attention_projections=0, attention_scores=0, cross_attention=0,
                   feed_forward=0, embeddings=0, head=0)
-    for layers, n in stacks:
-        self_attn = attention_flops(n, n, d, inner)
+    for layers, n, causal in stacks:
+        self_attn = attention_flops(n, n, d, inner, kv_inner, window_keys(config, causal))
         totals["attention_projections"] += layers * batch * self_attn["attention_projections"]
         totals["attention_scores"] += layers * batch * self_attn["attention_scores"]
         totals["feed_forward"] += layers * batch * ffn_matrices * matmul_flops(n, d, f)
     if t5:
-        cross = attention_flops(dec_len, seq_len, d, inner)
+        cross = attention_flops(dec_len, seq_len, d, inner, kv_inner)
         totals["cross_attention"] = config.decoder_layers * batch * sum(cross.values())
     totals["head"] = batch * matmul_flops(out_len, d, v)
     if config.family == "bert":

@@ -18,9 +18,10 @@ def kv_cache_bytes(num_layers: int, batch: int, d_model: int, seq_len: int,
 
 def config_kv_cache_bytes(config: TransformerConfig, batch: int, seq_len: int,
                           bytes_per_element: float = 2) -> float:
-    """KV cache of a config's decoder self-attention (width N·H per layer)."""
+    """KV cache of a config's decoder self-attention (width K·H per layer: K = kv_heads,
+    so grouped-query attention's L·B·2·(D·K/N)·T·s when N·H = D)."""
     layers = config.decoder_layers if config.family == "t5" else config.num_layers
-    inner = config.num_heads * config.head_size
+    inner = config.kv_heads * config.head_size
     return kv_cache_bytes(layers, batch, inner, seq_len, bytes_per_element)
 
 

@@ -206,6 +206,14 @@ def _common(config: TransformerConfig, hf_name: str) -> None:
             f"{hf_name} needs head_dim * num_heads == d_model, got {config.head_size} * "
             f"{config.num_heads} != {config.d_model}"
         )
+    if config.kv_heads != config.num_heads:
+        raise UnsupportedConfigError(
+            f"{hf_name} has one key/value head per query head; num_kv_heads={config.num_kv_heads} "
+            f"!= num_heads={config.num_heads} (grouped-query attention) cannot be exported"
+        )
+    if config.attention_window is not None:
+        raise UnsupportedConfigError(f"{hf_name} attends over every key; attention_window="
+                                     f"{config.attention_window} (sliding window) cannot be exported")
     if config.activation not in _ACT_TO_HF:
         raise UnsupportedConfigError(f"activation={config.activation!r} has no Hugging Face name")
 

@@ -44,7 +44,7 @@ class GPT(Model):
         """An empty KV cache of `max_len` slots per layer for `decode_step`."""
         c = self.config
         dtype = self.embed.embedding.dtype if dtype is None else dtype
-        return KVCache.zeros(c.num_layers, batch, max_len, c.num_heads, c.head_size, dtype)
+        return KVCache.zeros(c.num_layers, batch, max_len, c.kv_heads, c.head_size, dtype)
 
     def decode_step(self, tokens_BT: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """(tokens_BT, cache) -> (logits_BTV, cache): the T tokens at positions index .. index + T - 1.

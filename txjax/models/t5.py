@@ -72,7 +72,7 @@ class T5(Model):
         valid_BS = self.encoder_valid(enc_tokens_BS)
         dtype = self.embed.embedding.dtype if dtype is None else dtype
         return KVCache.zeros(
-            c.decoder_layers, enc_tokens_BS.shape[0], max_len, c.num_heads, c.head_size, dtype,
+            c.decoder_layers, enc_tokens_BS.shape[0], max_len, c.kv_heads, c.head_size, dtype,
             cross_k=tuple(k for k, _ in cross),
             cross_v=tuple(v for _, v in cross),
             cross_mask=None if valid_BS is None else valid_BS[:, None, None, :],

@@ -14,19 +14,21 @@ from txjax.ops import xla_cpu
 
 @struct.dataclass
 class LayerCache:
-    """One attention layer's keys and values, [B, S, N, H].
+    """One attention layer's keys and values, [B, S, K, H] (K = config.kv_heads).
 
     `index` (int32 []): the slot where the next new keys go (self-attention while
     decoding). None: the keys are fixed (T5's cross-attention over a cached encoder).
     """
 
-    k_BSNH: jax.Array
-    v_BSNH: jax.Array
+    k_BSKH: jax.Array
+    v_BSKH: jax.Array
     index: jax.Array | None = None
 
 
 class MultiHeadAttention(nnx.Module):
-    """Projections D -> N*H, the attention of `txjax.ops`, the output projection N*H -> D.
+    """Projections D -> N*H (queries) and D -> K*H (keys, values), the attention of `txjax.ops`,
+    the output projection N*H -> D. K < N is grouped-query attention: each key/value head
+    serves N / K query heads (`ops.dot_product_attention` takes them without a copy).
 
     The bias (masks, relative or ALiBi) comes from outside, as in t5x; so does `rotary`
     (rope, scaled rope, xpos), which turns the queries and the new keys at `positions`,
@@ -36,24 +38,26 @@ class MultiHeadAttention(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
                  execution: ExecutionConfig = ExecutionConfig()):
         d, inner = config.d_model, config.num_heads * config.head_size
-        self.num_heads = config.num_heads
+        self.num_heads, self.num_kv_heads = config.num_heads, config.kv_heads
+        kv_inner = config.kv_heads * config.head_size
         self.d_model = d
         self.scale = config.attention_scale
         self.attention_impl = execution.attention_impl
         dense = dense_kwargs(config, execution, rngs)
         self.xla_cpu_grads = dense["xla_cpu_grads"]
         self.q = Dense(d, inner, **dense)
-        self.k = Dense(d, inner, **dense)
-        self.v = Dense(d, inner, **dense)
+        self.k = Dense(d, kv_inner, **dense)
+        self.v = Dense(d, kv_inner, **dense)
         self.o = Dense(inner, d, **dense)
 
     def project_kv(self, kv_BSD: jax.Array) -> tuple[jax.Array, jax.Array]:
-        n = self.num_heads
-        return ops.split_heads(self.k(kv_BSD), n), ops.split_heads(self.v(kv_BSD), n)
+        """(k_BSKH, v_BSKH) of kv_BSD."""
+        k = self.num_kv_heads
+        return ops.split_heads(self.k(kv_BSD), k), ops.split_heads(self.v(kv_BSD), k)
 
     def qkv(self, x_BTD, kv_BSD=None, rotary: Rotary | None = None, positions=None,
             cache: LayerCache | None = None):
-        """(q_BTNH, k_BSNH, v_BSNH, cache): what the queries attend over.
+        """(q_BTNH, k_BSKH, v_BSKH, cache): what the queries attend over.
 
         Keys come from the cache when it holds fixed ones, else from kv_BSD (cross) or
         x_BTD (self), rotated at `positions`; a cache with an index gets the new
@@ -62,20 +66,20 @@ class MultiHeadAttention(nnx.Module):
         check_width(x_BTD, self.d_model, "MultiHeadAttention query input")
         q_BTNH = ops.split_heads(self.q(x_BTD), self.num_heads)
         if cache is not None and cache.index is None:
-            return q_BTNH, cache.k_BSNH, cache.v_BSNH, cache
+            return q_BTNH, cache.k_BSKH, cache.v_BSKH, cache
         if kv_BSD is not None:
             check_width(kv_BSD, self.d_model, "MultiHeadAttention key/value input")
-        k_BSNH, v_BSNH = self.project_kv(x_BTD if kv_BSD is None else kv_BSD)
+        k_BSKH, v_BSKH = self.project_kv(x_BTD if kv_BSD is None else kv_BSD)
         if rotary is not None:
-            q_BTNH, k_BSNH = rotary.queries(q_BTNH, positions), rotary.keys(k_BSNH, positions)
+            q_BTNH, k_BSKH = rotary.queries(q_BTNH, positions), rotary.keys(k_BSKH, positions)
         if cache is not None:
             start = (0, cache.index, 0, 0)
             cache = cache.replace(
-                k_BSNH=jax.lax.dynamic_update_slice(cache.k_BSNH, k_BSNH.astype(cache.k_BSNH.dtype), start),
-                v_BSNH=jax.lax.dynamic_update_slice(cache.v_BSNH, v_BSNH.astype(cache.v_BSNH.dtype), start),
+                k_BSKH=jax.lax.dynamic_update_slice(cache.k_BSKH, k_BSKH.astype(cache.k_BSKH.dtype), start),
+                v_BSKH=jax.lax.dynamic_update_slice(cache.v_BSKH, v_BSKH.astype(cache.v_BSKH.dtype), start),
             )
-            k_BSNH, v_BSNH = cache.k_BSNH, cache.v_BSNH
-        return q_BTNH, k_BSNH, v_BSNH, cache
+            k_BSKH, v_BSKH = cache.k_BSKH, cache.v_BSKH
+        return q_BTNH, k_BSKH, v_BSKH, cache
 
     def __call__(
         self,
@@ -94,7 +98,7 @@ class MultiHeadAttention(nnx.Module):
         may not see. `causal_block_size`: the bias hides every later key (see
         `ops.dot_product_attention`); the caller vouches for it.
         """
-        q_BTNH, k_BSNH, v_BSNH, cache = self.qkv(x_BTD, kv_BSD, rotary, positions, cache)
+        q_BTNH, k_BSKH, v_BSKH, cache = self.qkv(x_BTD, kv_BSD, rotary, positions, cache)
         attend = xla_cpu.dot_product_attention if self.xla_cpu_grads else ops.dot_product_attention
-        out_BTNH = attend(q_BTNH, k_BSNH, v_BSNH, bias, self.scale, self.attention_impl, causal_block_size)
+        out_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, bias, self.scale, self.attention_impl, causal_block_size)
         return self.o(ops.merge_heads(out_BTNH)), cache

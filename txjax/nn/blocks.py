@@ -17,10 +17,11 @@ from txjax.nn.positions import Positions, Rotary
 class KVCache:
     """What a causal stack remembers between decoding steps: a pytree of fixed shape.
 
-    k[i], v[i] are layer i's keys and values, [B, S, N, H], S = the cache length;
+    k[i], v[i] are layer i's keys and values, [B, S, K, H], S = the cache length and K
+    the key/value heads (config.kv_heads: fewer than N under grouped-query attention);
     `index` (int32 []) counts the slots already written, so the next tokens go to
     positions index, index + 1, ...; `valid_BS` is False at slots that hold a pad
-    token (or nothing yet). T5 adds `cross_k[i]`, `cross_v[i]` ([B, S_enc, N, H],
+    token (or nothing yet). T5 adds `cross_k[i]`, `cross_v[i]` ([B, S_enc, K, H],
     projected once from the encoder output) and `cross_mask` (bool [B, 1, 1, S_enc]
     or None). Shapes never change while decoding, so one compiled step serves every
     position.
@@ -35,10 +36,10 @@ class KVCache:
     cross_mask: jax.Array | None = None
 
     @classmethod
-    def zeros(cls, num_layers: int, batch: int, max_len: int, num_heads: int, head_dim: int,
+    def zeros(cls, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
               dtype=jnp.float32, **cross) -> "KVCache":
         """An empty cache of `max_len` slots per layer; `cross` sets the T5 fields."""
-        shape = (batch, max_len, num_heads, head_dim)
+        shape = (batch, max_len, num_kv_heads, head_dim)
         return cls(
             k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
             v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
@@ -134,7 +135,8 @@ def remat_block(block: TransformerBlock, x_BTD: jax.Array, bias, **kwargs):
 class TransformerStack(nnx.Module):
     """Positions, `num_layers` blocks and (pre-norm) a final norm.
 
-    The stack builds the attention masks (`ops.attention_mask`), turns them into the
+    The stack builds the attention masks (`ops.attention_mask`, with the config's sliding
+    `attention_window`, self-attention only), turns them into the
     additive bias once, and adds the relative bias (T5, ALiBi) of its own `positions`
     module, shared by every layer as in T5. Cross-attention gets only the encoder
     padding mask: no position signal crosses from one sequence to another.
@@ -143,6 +145,7 @@ class TransformerStack(nnx.Module):
     def __init__(self, config: TransformerConfig, num_layers: int, *, causal: bool, cross: bool,
                  rngs: nnx.Rngs, execution: ExecutionConfig = ExecutionConfig()):
         self.causal = causal
+        self.window = config.attention_window
         self.remat = execution.remat
         self.positions = Positions(config, bidirectional=not causal, rngs=rngs)
         self.blocks = nnx.List([
@@ -165,7 +168,8 @@ class TransformerStack(nnx.Module):
 
     def self_bias(self, q_positions_T, k_positions_S, k_valid_BS=None) -> jax.Array | None:
         """The additive self-attention bias: the mask as 0 / -inf plus the relative bias, if any."""
-        mask = ops.attention_mask(q_positions_T, k_positions_S, causal=self.causal, k_valid_BS=k_valid_BS)
+        mask = ops.attention_mask(q_positions_T, k_positions_S, causal=self.causal, k_valid_BS=k_valid_BS,
+                                  window=self.window)
         bias = None if mask is None else ops.mask_to_bias(mask)
         relative = self.positions.attention_bias(q_positions_T, k_positions_S)
         if relative is not None:
@@ -213,7 +217,7 @@ class TransformerStack(nnx.Module):
         if self.final_norm is not None:
             x_BTD = self.final_norm(x_BTD)
         if cache is not None:
-            cache = cache.replace(k=tuple(c.k_BSNH for c in layers), v=tuple(c.v_BSNH for c in layers),
+            cache = cache.replace(k=tuple(c.k_BSKH for c in layers), v=tuple(c.v_BSKH for c in layers),
                                   index=cache.index + x_BTD.shape[1])
         return x_BTD, cache
 

@@ -6,7 +6,9 @@ Shape suffixes, used everywhere in txjax:
     T  query length
     S  key length
     D  model width
-    N  heads
+    N  heads (query heads)
+    K  key/value heads (grouped-query attention: K divides N; K = N otherwise)
+    G  query heads per key/value head, N / K (M = G * T: a group's queries side by side)
     H  head width (D = N * H)
     F  feed-forward width
     V  vocabulary

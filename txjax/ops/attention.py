@@ -33,18 +33,26 @@ def padding_mask(tokens_BS: jax.Array, pad_id: int) -> jax.Array:
 
 
 def attention_mask(q_positions_T: jax.Array, k_positions_S: jax.Array, *, causal: bool,
-                   k_valid_BS: jax.Array | None = None) -> jax.Array | None:
+                   k_valid_BS: jax.Array | None = None, window: int | None = None) -> jax.Array | None:
     """bool[B|1, 1, T, S], True where query t may see key s; None when every key is visible.
 
     causal: key position <= query position (positions [T] and [S], or per row [B, T] and
-    [B, S], increasing along each row). `k_valid_BS` False hides key s (padding, or a cache
-    slot not yet written). Every self-attention mask of the models is built here, for a
-    whole sequence and for T new tokens over a cache alike.
+    [B, S], increasing along each row). `window` W (sliding-window attention, in positions):
+    causal, query q sees keys q - W < k <= q, the last W itself included; otherwise keys
+    with |q - k| <= W. `k_valid_BS` False hides key s (padding, or a cache slot not yet
+    written). Every self-attention mask of the models is built here, for a whole sequence
+    and for T new tokens over a cache alike.
     """
+    if window is not None and window < 1:
+        raise ValueError(f"attention_mask: window must be >= 1 or None, got {window}")
     mask = None
-    if causal:
-        later_BTS = jnp.asarray(k_positions_S)[..., None, :] > jnp.asarray(q_positions_T)[..., :, None]
-        mask = ~(later_BTS if later_BTS.ndim == 3 else later_BTS[None])[:, None]
+    if causal or window is not None:
+        offset_BTS = jnp.asarray(k_positions_S)[..., None, :] - jnp.asarray(q_positions_T)[..., :, None]
+        if causal:
+            mask_BTS = offset_BTS <= 0 if window is None else (offset_BTS <= 0) & (offset_BTS > -window)
+        else:
+            mask_BTS = jnp.abs(offset_BTS) <= window
+        mask = (mask_BTS if mask_BTS.ndim == 3 else mask_BTS[None])[:, None]
     if k_valid_BS is not None:
         valid_B11S = k_valid_BS[:, None, None, :]
         mask = valid_B11S if mask is None else mask & valid_B11S
@@ -66,15 +74,17 @@ def merge_heads(x_BTNH: jax.Array) -> jax.Array:
     return einops.rearrange(x_BTNH, "B T N H -> B T (N H)")
 
 
-def _check_qk(q_BTNH: jax.Array, k_BSNH: jax.Array) -> None:
-    if q_BTNH.ndim != 4 or k_BSNH.ndim != 4:
+def _check_qk(q_BTNH: jax.Array, k_BSKH: jax.Array) -> None:
+    if q_BTNH.ndim != 4 or k_BSKH.ndim != 4:
         raise ValueError(
-            f"attention: q and k must be [B, T, N, H] and [B, S, N, H], "
-            f"got {q_BTNH.shape} and {k_BSNH.shape}"
+            f"attention: q and k must be [B, T, N, H] and [B, S, K, H], "
+            f"got {q_BTNH.shape} and {k_BSKH.shape}"
         )
-    if q_BTNH.shape[-2:] != k_BSNH.shape[-2:] or q_BTNH.shape[0] != k_BSNH.shape[0]:
+    if (q_BTNH.shape[-1] != k_BSKH.shape[-1] or q_BTNH.shape[0] != k_BSKH.shape[0]
+            or q_BTNH.shape[2] % k_BSKH.shape[2]):
         raise ValueError(
-            f"attention: q {q_BTNH.shape} and k {k_BSNH.shape} disagree in batch, heads or head width"
+            f"attention: q {q_BTNH.shape} and k {k_BSKH.shape} disagree in batch or head width, "
+            f"or k's heads do not divide q's"
         )
 
 
@@ -101,6 +111,25 @@ def _softmax_weights(q_BNTH: jax.Array, k_BNSH: jax.Array, bias: jax.Array | Non
     return exp_BNTS / jnp.where(denom_BNT1 == 0.0, 1.0, denom_BNT1)
 
 
+def _group_queries(q_BNTH: jax.Array, k: int, bias: jax.Array | None):
+    """Grouped-query attention without copying k or v: query head n = k·G + g uses key head k,
+    so q [B, N, T, H] becomes [B, K, G·T, H] (a [B, K, G, T, H] view) and every group's
+    G·T queries meet their one key head in a single batched matmul; `bias` follows."""
+    b, n, t, h = q_BNTH.shape
+    g = n // k
+    q_BKMH = jnp.reshape(q_BNTH, (b, k, g * t, h))
+    if bias is None or g == 1:
+        return q_BKMH, bias
+    bias = jnp.reshape(bias, (1,) * (4 - jnp.ndim(bias)) + jnp.shape(bias))
+    bb, bn, bt, bs = bias.shape
+    heads = (k, g) if bn == n else (1, 1)
+    bias_BKGTS = jnp.reshape(bias, (bb, *heads, bt, bs))
+    if heads == (1, 1) and bt == 1:
+        return q_BKMH, bias_BKGTS[:, :, 0]
+    bias_BKGTS = jnp.broadcast_to(bias_BKGTS, (bb, heads[0], g, t, bs))
+    return q_BKMH, jnp.reshape(bias_BKGTS, (bb, heads[0], g * t, bs))
+
+
 def _default_scale(q: jax.Array, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
@@ -115,15 +144,17 @@ def attention_weights(
     bias: jax.Array | None = None,
     scale: float | None = None,
 ) -> jax.Array:
-    """softmax(q k^T * scale + bias) over keys, float32, [B, N, T, S].
+    """softmax(q k^T * scale + bias) over keys, float32, [B, N, T, S]; k may have K heads (GQA).
 
     A row whose every key is -inf gets all-zero weights instead of NaN, and its
     gradient is zero too: the row maximum is replaced by 0 where it is -inf and
     the denominator by 1 where it is 0, so no inf - inf or 0 / 0 is ever formed.
     """
     _check_qk(q_BTNH, k_BSNH)
-    return _softmax_weights(_heads_major(q_BTNH), _heads_major(k_BSNH), bias,
-                            _default_scale(q_BTNH, scale))
+    b, t, n, _ = q_BTNH.shape
+    q_BKMH, bias = _group_queries(_heads_major(q_BTNH), k_BSNH.shape[2], bias)
+    weights_BKMS = _softmax_weights(q_BKMH, _heads_major(k_BSNH), bias, _default_scale(q_BTNH, scale))
+    return jnp.reshape(weights_BKMS, (b, n, t, -1))
 
 
 IMPLEMENTATIONS = ("reference", "xla", "cudnn")
@@ -153,6 +184,9 @@ def dot_product_attention(
     causal_block_size: int | None = None,
 ) -> jax.Array:
     """softmax(q k^T / sqrt(H) + bias) v -> out_BTNH.
+
+    k and v may have fewer heads K than q's N (grouped-query attention, K dividing N):
+    query head n then uses key/value head n // (N / K), as if each were repeated.
 
     `bias` is additive and broadcastable to [B, N, T, S]: any sum of
     `mask_to_bias(causal & padding)`, a T5 relative bias and an ALiBi bias.
@@ -187,23 +221,26 @@ def reference_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, causal_bl
 
     q, k, v move to heads-major [B, N, T, H] once, so that every head's matrices are
     contiguous for the batched matmuls (XLA:CPU ran `BNTS,BSNH->BTNH` on the strided
-    layout at half speed).
+    layout at half speed). With K < N key heads the queries are grouped (`_group_queries`).
     """
     if v_BSNH.shape != k_BSNH.shape:
         raise ValueError(f"attention: k {k_BSNH.shape} and v {v_BSNH.shape} must have one shape")
     _check_qk(q_BTNH, k_BSNH)
     scale = _default_scale(q_BTNH, scale)
-    q_BNTH, k_BNSH, v_BNSH = (_heads_major(x) for x in (q_BTNH, k_BSNH, v_BSNH))
+    q_BNTH, k_BKSH, v_BKSH = (_heads_major(x) for x in (q_BTNH, k_BSNH, v_BSNH))
 
-    def attend(q_BNTH, k_BNSH, v_BNSH, bias):
-        return pv(_softmax_weights(q_BNTH, k_BNSH, bias, scale, qk), v_BNSH)
+    def attend(q_BNTH, k_BKSH, v_BKSH, bias):
+        b, n, t, h = q_BNTH.shape
+        q_BKMH, bias = _group_queries(q_BNTH, k_BKSH.shape[1], bias)
+        out_BKMH = pv(_softmax_weights(q_BKMH, k_BKSH, bias, scale, qk), v_BKSH)
+        return jnp.reshape(out_BKMH, (b, n, t, h))
 
     t = q_BTNH.shape[1]
     if causal_block_size is not None and t > causal_block_size:
         out_BNTH = _causal_blocks(causal_block_bounds(t, causal_block_size),
-                                  q_BNTH, k_BNSH, v_BNSH, bias, attend, axis=2)
+                                  q_BNTH, k_BKSH, v_BKSH, bias, attend, axis=2)
     else:
-        out_BNTH = attend(q_BNTH, k_BNSH, v_BNSH, bias)
+        out_BNTH = attend(q_BNTH, k_BKSH, v_BKSH, bias)
     return _heads_major(out_BNTH)
 
 
