@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from txjax.decoding import generate
+from txjax.decoding import generate, new_cache
 from txjax.models import GPT, T5
 
 NEG = -1.0e9  # transformers' "never pick this" score, added (not set) as it does
@@ -41,8 +41,8 @@ def _beam_loop(graphdef, state, source_BS, prefix_BT, *, max_new_tokens, num_bea
     b, t = prefix_BT.shape
     k, c, length = num_beams, 2 * num_beams, t + max_new_tokens
     flat_prefix_XT = jnp.repeat(prefix_BT, k, axis=0)  # X = B * K rows, row b * K + j is beam j of row b
-    cache = (model.init_cache(b * k, length - 1) if source_BS is None
-             else model.init_cache(jnp.repeat(source_BS, k, axis=0), length - 1))
+    source_XS = None if source_BS is None else jnp.repeat(source_BS, k, axis=0)
+    cache = new_cache(model, source_XS, b * k, length - 1)
     if t > 1:  # prefill all but the last prefix token; the loop feeds that one
         _, cache = model.decode_step(flat_prefix_XT[:, :-1], cache)
     running_BKL = jnp.full((b, k, length), pad_id, jnp.int32).at[:, :, :t].set(prefix_BT[:, None])

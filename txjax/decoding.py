@@ -95,6 +95,12 @@ def sample_logits(
     return jax.random.categorical(key, filtered_BV, axis=-1).astype(jnp.int32)
 
 
+def new_cache(model: GPT | T5, source_BS: jax.Array | None, batch: int, length: int):
+    """An empty KV cache of `length` slots: a GPT's for `batch` rows, or (source_BS given) a T5's,
+    which encodes its encoder input first. The one place decoding loops tell the two apart."""
+    return model.init_cache(batch, length) if source_BS is None else model.init_cache(source_BS, length)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("graphdef", "max_new_tokens", "temperature", "top_k", "top_p", "use_cache",
@@ -114,7 +120,7 @@ def _generate_loop(graphdef, state, source_BS, prefix_BT, key, *, max_new_tokens
     buffer_BL = jnp.full((b, t + max_new_tokens), fill, jnp.int32).at[:, :t].set(prefix_BT)
     # With the cache, the last token ever fed sits at position t + max_new_tokens - 2.
     length = t + max_new_tokens - (1 if use_cache else 0)
-    empty = model.init_cache(b, length) if source_BS is None else model.init_cache(source_BS, length)
+    empty = new_cache(model, source_BS, b, length)
     cache = empty
     if use_cache and t > 1:  # prefill all but the last prompt token; the loop feeds that one
         _, cache = model.decode_step(prefix_BT[:, :-1], cache)

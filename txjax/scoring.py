@@ -16,6 +16,7 @@ from flax import nnx
 
 from txjax.models import GPT, T5
 from txjax.nn import check_tokens
+from txjax.ops import token_nll
 
 
 class Score(NamedTuple):
@@ -38,10 +39,9 @@ def _score(graphdef, state, prompt_BT, continuation_BC, mask_BC):
         # Position T - 1 + j predicts continuation token j; the last token predicts nothing.
         logits_BLV = model(jnp.concatenate([prompt_BT, continuation_BC[:, :-1]], axis=1))
         logits_BCV = logits_BLV[:, -c:]
-    logp_BCV = jax.nn.log_softmax(logits_BCV.astype(jnp.float32), axis=-1)
-    logp_BC = jnp.take_along_axis(logp_BCV, continuation_BC[:, :, None], axis=-1)[:, :, 0]
-    logp_BC = jnp.where(mask_BC, logp_BC, 0.0)
-    hit_BC = jnp.argmax(logp_BCV, axis=-1) == continuation_BC
+    nll_BC, _ = token_nll(logits_BCV, jnp.where(mask_BC, continuation_BC, -100))  # 0 where masked
+    logp_BC = -nll_BC
+    hit_BC = jnp.argmax(logits_BCV, axis=-1) == continuation_BC
     return Score(logp_BC.sum(axis=1), logp_BC, jnp.all(hit_BC | ~mask_BC, axis=1))
 
 

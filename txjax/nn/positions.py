@@ -62,8 +62,7 @@ class RelativePositionBias(nnx.Module):
         bucket_BTS = ops.t5_relative_position_bucket(
             ops.relative_positions(q_positions, k_positions), self.bidirectional, self.num_buckets,
             self.max_distance)
-        bias_BTSN = self.table[...][bucket_BTS if bucket_BTS.ndim == 3 else bucket_BTS[None]]
-        return jnp.transpose(bias_BTSN, (0, 3, 1, 2))
+        return jnp.transpose(self.table[...][bucket_BTS], (0, 3, 1, 2))
 
 
 def _uniform(key: jax.Array, shape: tuple[int, ...], low: float, high: float) -> jax.Array:

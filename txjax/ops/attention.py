@@ -8,6 +8,8 @@ import einops
 import jax
 import jax.numpy as jnp
 
+from txjax.ops.positions import relative_positions
+
 
 
 def causal_mask(t: int, s: int | None = None) -> jax.Array:
@@ -47,12 +49,12 @@ def attention_mask(q_positions_T: jax.Array, k_positions_S: jax.Array, *, causal
         raise ValueError(f"attention_mask: window must be >= 1 or None, got {window}")
     mask = None
     if causal or window is not None:
-        offset_BTS = jnp.asarray(k_positions_S)[..., None, :] - jnp.asarray(q_positions_T)[..., :, None]
+        offset_BTS = relative_positions(q_positions_T, k_positions_S)
         if causal:
             mask_BTS = offset_BTS <= 0 if window is None else (offset_BTS <= 0) & (offset_BTS > -window)
         else:
             mask_BTS = jnp.abs(offset_BTS) <= window
-        mask = (mask_BTS if mask_BTS.ndim == 3 else mask_BTS[None])[:, None]
+        mask = mask_BTS[:, None]
     if k_valid_BS is not None:
         valid_B11S = k_valid_BS[:, None, None, :]
         mask = valid_B11S if mask is None else mask & valid_B11S
@@ -74,7 +76,9 @@ def merge_heads(x_BTNH: jax.Array) -> jax.Array:
     return einops.rearrange(x_BTNH, "B T N H -> B T (N H)")
 
 
-def _check_qk(q_BTNH: jax.Array, k_BSKH: jax.Array) -> None:
+def _check_qk(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array | None = None) -> None:
+    if v_BSKH is not None and v_BSKH.shape != k_BSKH.shape:
+        raise ValueError(f"attention: k {k_BSKH.shape} and v {v_BSKH.shape} must have one shape")
     if q_BTNH.ndim != 4 or k_BSKH.ndim != 4:
         raise ValueError(
             f"attention: q and k must be [B, T, N, H] and [B, S, K, H], "
@@ -202,9 +206,8 @@ def dot_product_attention(
     (k + 1) / 2k of the scores, softmax and their gradients. Same result (masked
     keys weigh exactly 0); only the order of float additions can differ.
     """
-    if v_BSNH.shape != k_BSNH.shape:
-        raise ValueError(f"attention: k {k_BSNH.shape} and v {v_BSNH.shape} must have one shape")
     if implementation in ("xla", "cudnn"):
+        _check_qk(q_BTNH, k_BSNH, v_BSNH)
         if causal_block_size is not None and q_BTNH.shape[1] > causal_block_size:
             bounds = causal_block_bounds(q_BTNH.shape[1], causal_block_size)
             return _causal_blocks(bounds, q_BTNH, k_BSNH, v_BSNH, bias, lambda q, k, v, b: (
@@ -223,9 +226,7 @@ def reference_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, causal_bl
     contiguous for the batched matmuls (XLA:CPU ran `BNTS,BSNH->BTNH` on the strided
     layout at half speed). With K < N key heads the queries are grouped (`_group_queries`).
     """
-    if v_BSNH.shape != k_BSNH.shape:
-        raise ValueError(f"attention: k {k_BSNH.shape} and v {v_BSNH.shape} must have one shape")
-    _check_qk(q_BTNH, k_BSNH)
+    _check_qk(q_BTNH, k_BSNH, v_BSNH)
     scale = _default_scale(q_BTNH, scale)
     q_BNTH, k_BKSH, v_BKSH = (_heads_major(x) for x in (q_BTNH, k_BSNH, v_BSNH))
 

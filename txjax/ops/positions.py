@@ -192,8 +192,9 @@ def alibi_slopes(num_heads: int) -> jax.Array:
 
 
 def relative_positions(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-    """key_pos - query_pos, [T, S] from [T] and [S] positions, or [B, T, S] from per-row [B, T] and [B, S]."""
-    return jnp.asarray(k_positions)[..., None, :] - jnp.asarray(q_positions)[..., :, None]
+    """key_pos - query_pos, [1 or B, T, S], from positions [T] / [S] or per row [B, T] / [B, S]."""
+    q_BT, k_BS = jnp.atleast_2d(jnp.asarray(q_positions)), jnp.atleast_2d(jnp.asarray(k_positions))
+    return k_BS[:, None, :] - q_BT[:, :, None]
 
 
 def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
@@ -203,7 +204,6 @@ def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -
     see; the absolute value makes the same function serve bidirectional attention.
     """
     distance_BTS = jnp.abs(relative_positions(q_positions, k_positions)).astype(jnp.float32)
-    distance_BTS = distance_BTS if distance_BTS.ndim == 3 else distance_BTS[None]
     return -alibi_slopes(num_heads)[None, :, None, None] * distance_BTS[:, None]
 
 
@@ -270,8 +270,7 @@ def kerple_bias(
     """
     if variant not in KERPLE_VARIANTS:
         raise ValueError(f"kerple_bias: variant={variant!r} is not one of {KERPLE_VARIANTS}")
-    q_BT1, k_B1S = _query_key_BTS(q_positions, k_positions)
-    distance_B1TS = jnp.abs(q_BT1 - k_B1S)[:, None]
+    distance_B1TS = jnp.abs(relative_positions(q_positions, k_positions)).astype(jnp.float32)[:, None]
     r1_1N11 = jnp.asarray(r1_N, jnp.float32)[None, :, None, None]
     r2_1N11 = jnp.asarray(r2_N, jnp.float32)[None, :, None, None]
     if variant == "log":
