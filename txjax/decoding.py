@@ -95,10 +95,33 @@ def sample_logits(
     return jax.random.categorical(key, filtered_BV, axis=-1).astype(jnp.int32)
 
 
-def new_cache(model: GPT | T5, source_BS: jax.Array | None, batch: int, length: int):
+def new_cache(model: GPT | T5, source_BS: jax.Array | None, batch: int, length: int, lengths_B=None):
     """An empty KV cache of `length` slots: a GPT's for `batch` rows, or (source_BS given) a T5's,
-    which encodes its encoder input first. The one place decoding loops tell the two apart."""
-    return model.init_cache(batch, length) if source_BS is None else model.init_cache(source_BS, length)
+    which encodes its encoder input (each row's first lengths_B[b] tokens, if given) first. The one
+    place decoding loops tell the two apart."""
+    if source_BS is None:
+        return model.init_cache(batch, length)
+    return model.init_cache(source_BS, length, lengths_B=lengths_B)
+
+
+def check_prompt_lengths(prompt_lengths, batch: int, width: int) -> jax.Array:
+    """int32 [B]: each row's real prompt length, between 1 and the prompt's width."""
+    lengths_B = jnp.asarray(prompt_lengths)
+    if lengths_B.shape != (batch,) or not jnp.issubdtype(lengths_B.dtype, jnp.integer):
+        raise ValueError(f"prompt_lengths must be {batch} integers (one per row), got "
+                         f"{lengths_B.dtype} of shape {lengths_B.shape}")
+    lo, hi = int(lengths_B.min()), int(lengths_B.max())
+    if lo < 1 or hi > width:
+        raise ValueError(f"prompt_lengths must lie in [1, {width}] (the prompt's width), got [{lo}, {hi}]")
+    return lengths_B.astype(jnp.int32)
+
+
+def shift_rows(x_BL: jax.Array, shift_B: jax.Array, fill: int) -> jax.Array:
+    """Row b moved shift_B[b] slots right (left if negative); vacated slots hold `fill`."""
+    source_BL = jnp.arange(x_BL.shape[1])[None, :] - shift_B[:, None]
+    inside_BL = (source_BL >= 0) & (source_BL < x_BL.shape[1])
+    moved_BL = jnp.take_along_axis(x_BL, jnp.clip(source_BL, 0, x_BL.shape[1] - 1), axis=1)
+    return jnp.where(inside_BL, moved_BL, fill)
 
 
 @functools.partial(
@@ -106,13 +129,16 @@ def new_cache(model: GPT | T5, source_BS: jax.Array | None, batch: int, length: 
     static_argnames=("graphdef", "max_new_tokens", "temperature", "top_k", "top_p", "use_cache",
                      "eos_id", "pad_id"),
 )
-def _generate_loop(graphdef, state, source_BS, prefix_BT, key, *, max_new_tokens, temperature,
-                   top_k, top_p, use_cache, eos_id, pad_id):
-    """The compiled decode: prefix_BT -> [B, T + max_new_tokens] (T5: source_BS is the encoder input).
+def _generate_loop(graphdef, state, source_BS, prefix_BT, key, start_B, source_lengths_B, *, max_new_tokens,
+                   temperature, top_k, top_p, use_cache, eos_id, pad_id):
+    """The compiled decode: prefix_BT -> [B, T + max_new_tokens] (T5: source_BS is the encoder input,
+    of which row b reads its first source_lengths_B[b] tokens if given).
 
     Both paths run the model's one forward through `decode_step`: with the cache, each
     iteration feeds one token over the cache; without, each feeds the whole buffer to an
     empty cache of the buffer's length (the full forward, recomputed every step).
+    start_B (GPT prompts of different lengths): row b's prompt is right-aligned, starting
+    at slot start_B[b]; the cache counts its positions from there and hides the slots before.
     """
     model = nnx.merge(graphdef, state)
     b, t = prefix_BT.shape
@@ -120,7 +146,7 @@ def _generate_loop(graphdef, state, source_BS, prefix_BT, key, *, max_new_tokens
     buffer_BL = jnp.full((b, t + max_new_tokens), fill, jnp.int32).at[:, :t].set(prefix_BT)
     # With the cache, the last token ever fed sits at position t + max_new_tokens - 2.
     length = t + max_new_tokens - (1 if use_cache else 0)
-    empty = new_cache(model, source_BS, b, length)
+    empty = new_cache(model, source_BS, b, length, source_lengths_B).replace(start_B=start_B)
     cache = empty
     if use_cache and t > 1:  # prefill all but the last prompt token; the loop feeds that one
         _, cache = model.decode_step(prefix_BT[:, :-1], cache)
@@ -163,12 +189,18 @@ def generate(
     use_cache: bool = True,
     eos_id: int | None = None,
     pad_id: int | None = None,
+    prompt_lengths: jax.Array | None = None,
 ) -> jax.Array:
     """Sample `max_new_tokens` tokens after each prompt row; int32 [B, T + max_new_tokens].
 
     GPT: returns the prompt followed by the new tokens. T5: `prompt_BT` is the encoder
     input; decoding starts from `config.decoder_start_id` and the result is that start
     token followed by the new tokens, [B, 1 + max_new_tokens].
+
+    prompt_lengths (int [B], each in [1, T]): row b's prompt is its first L_b tokens, the
+    rest ignored. GPT: row b of the result is those L_b tokens and its new ones, as if
+    generated alone (the same positions and keys), then `pad_id` (or 0) to the width.
+    T5: the encoder reads only the first L_b tokens of each row.
 
     temperature 0 is greedy; otherwise tokens are drawn from softmax(logits / temperature)
     restricted to top_k and top_p (see `filter_logits`), step i with
@@ -209,16 +241,22 @@ def generate(
     for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
         if value is not None and not 0 <= value < config.vocab_size:
             raise ValueError(f"{name}={value} is outside the vocabulary [0, {config.vocab_size})")
+    lengths_B = None if prompt_lengths is None else check_prompt_lengths(prompt_lengths, b, t)
+    start_B = None if lengths_B is None or is_t5 else t - lengths_B
+    fill = 0 if pad_id is None else pad_id
+    if start_B is not None:
+        prefix_BT = shift_rows(prefix_BT, start_B, fill)
     if max_new_tokens == 0:
-        return prefix_BT
+        return prefix_BT if start_B is None else shift_rows(prefix_BT, -start_B, fill)
     graphdef, state = nnx.split(nnx.view(model, only=nnx.Dropout, deterministic=True))
-    return _generate_loop(
-        graphdef, state, source_BS, prefix_BT, key,
+    out_BL = _generate_loop(
+        graphdef, state, source_BS, prefix_BT, key, start_B, lengths_B if is_t5 else None,
         max_new_tokens=max_new_tokens, temperature=float(temperature),
         top_k=None if top_k is None else int(top_k),
         top_p=None if top_p is None else float(top_p),
         use_cache=bool(use_cache), eos_id=eos_id, pad_id=pad_id,
     )
+    return out_BL if start_B is None else shift_rows(out_BL, -start_B, fill)
 
 
 def mnist_gpt_config(**changes) -> GPTConfig:

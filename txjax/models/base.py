@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from txjax import ops
 from txjax.config import ExecutionConfig, TransformerConfig
 from txjax.nn import Embed, KVCache
 from txjax.nn.layers import Dense, dense_kwargs
@@ -29,15 +30,21 @@ class Model(nnx.Module):
         x_BTD = self.embed(tokens_BT)
         return x_BTD * self.config.d_model**0.5 if self.config.scale_embeddings else x_BTD
 
-    def positions(self, tokens_BT: jax.Array, cache: KVCache | None = None) -> jax.Array:
-        """Where the tokens sit: 0..T-1 ([T]); after a cache's `index` tokens; or, while training
-        with `config.random_positions`, a sorted random subset per row ([B, T])."""
+    def positions(self, tokens_BT: jax.Array, cache: KVCache | None = None,
+                  document_ids_BT: jax.Array | None = None) -> jax.Array:
+        """Where the tokens sit: 0..T-1 ([T]); after a cache's `index` tokens (per row after its
+        left padding); restarting at 0 at each document of a packed row ([B, T]); or, while
+        training with `config.random_positions`, a sorted random subset per row ([B, T]), of
+        which a packed document takes the first ones."""
         b, t = tokens_BT.shape
         positions_T = jnp.arange(t, dtype=jnp.int32)
         if cache is not None:
-            return cache.index + positions_T
+            return cache.positions(cache.index + positions_T)
         drawn_BT = None if self.random_positions is None else self.random_positions(b, t)
-        return positions_T if drawn_BT is None else drawn_BT
+        if document_ids_BT is None:
+            return positions_T if drawn_BT is None else drawn_BT
+        in_document_BT = ops.document_positions(document_ids_BT)
+        return in_document_BT if drawn_BT is None else jnp.take_along_axis(drawn_BT, in_document_BT, axis=1)
 
     def untied_head(self, rngs: nnx.Rngs) -> Dense | None:
         """The output projection D -> V, or None when the head is the embedding (tied)."""

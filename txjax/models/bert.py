@@ -9,7 +9,7 @@ from flax import nnx
 from txjax import ops
 from txjax.config import BertConfig, ExecutionConfig
 from txjax.models.base import Model
-from txjax.nn import Embed, TransformerStack, check_tokens, make_norm
+from txjax.nn import Embed, TransformerStack, check_document_ids, check_tokens, make_norm
 from txjax.nn.layers import Dense, dense_kwargs
 
 
@@ -59,13 +59,20 @@ class Bert(Model):
         x_BTD = self.encoder.embed_positions(x_BTD, positions_T)
         return x_BTD if self.embed_norm is None else self.embed_norm(x_BTD)
 
-    def encode(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
+    def encode(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None,
+               document_ids_BT: jax.Array | None = None) -> jax.Array:
         """Contextual embeddings h_BTD (before the MLM head)."""
         check_tokens(tokens_BT, self.config.vocab_size)
-        positions_T = self.positions(tokens_BT)
+        if document_ids_BT is not None:
+            document_ids_BT = check_document_ids(document_ids_BT, tokens_BT.shape)
+        positions_T = self.positions(tokens_BT, document_ids_BT=document_ids_BT)
         x_BTD = self.embed_tokens(tokens_BT, segment_ids_BT, positions_T)
-        return self.encoder(self.dropout(x_BTD), positions_T, valid_BT=self.valid(tokens_BT))[0]
+        return self.encoder(self.dropout(x_BTD), positions_T, valid_BT=self.valid(tokens_BT),
+                            documents_BT=document_ids_BT)[0]
 
-    def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        """tokens_BT -> mlm_logits_BTV."""
-        return self.mlm(self.encode(tokens_BT, segment_ids_BT), self.embed)
+    def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None,
+                 document_ids_BT: jax.Array | None = None) -> jax.Array:
+        """tokens_BT -> mlm_logits_BTV. segment_ids_BT: sentence A/B token types.
+        document_ids_BT (packed sequences, non-decreasing along each row): attention stays
+        inside each document and positions restart at 0 at each one."""
+        return self.mlm(self.encode(tokens_BT, segment_ids_BT, document_ids_BT), self.embed)

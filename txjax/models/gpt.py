@@ -8,7 +8,7 @@ from flax import nnx
 
 from txjax.config import ExecutionConfig, GPTConfig
 from txjax.models.base import Model
-from txjax.nn import KVCache, TransformerStack, check_tokens
+from txjax.nn import KVCache, TransformerStack, check_document_ids, check_tokens
 
 
 class GPT(Model):
@@ -28,16 +28,25 @@ class GPT(Model):
         """float32 logits (the head may compute in bfloat16)."""
         return self.embed.attend(h_BTD) if self.head is None else self.head(h_BTD).astype(jnp.float32)
 
-    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-        """tokens_BT -> logits_BTV; position t sees tokens 0..t only (and no pad key)."""
-        return self.forward(tokens_BT)[0]
+    def __call__(self, tokens_BT: jax.Array, document_ids_BT: jax.Array | None = None) -> jax.Array:
+        """tokens_BT -> logits_BTV; position t sees tokens 0..t only (and no pad key).
 
-    def forward(self, tokens_BT: jax.Array, cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        document_ids_BT (packed sequences, non-decreasing along each row): a token sees only
+        earlier tokens of its own document, and positions restart at 0 at each document, so
+        each document's logits are those it gets alone.
+        """
+        return self.forward(tokens_BT, document_ids_BT=document_ids_BT)[0]
+
+    def forward(self, tokens_BT: jax.Array, cache: KVCache | None = None,
+                document_ids_BT: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """(logits_BTV, cache): the whole sequence, or (with a cache) the T tokens after it."""
         check_tokens(tokens_BT, self.config.vocab_size)
-        positions_T = self.positions(tokens_BT, cache)
+        if document_ids_BT is not None:
+            document_ids_BT = check_document_ids(document_ids_BT, tokens_BT.shape)
+        positions_T = self.positions(tokens_BT, cache, document_ids_BT)
         x_BTD = self.decoder.embed_positions(self.token_embeddings(tokens_BT), positions_T)
-        h_BTD, cache = self.decoder(self.dropout(x_BTD), positions_T, valid_BT=self.valid(tokens_BT), cache=cache)
+        h_BTD, cache = self.decoder(self.dropout(x_BTD), positions_T, valid_BT=self.valid(tokens_BT),
+                                    documents_BT=document_ids_BT, cache=cache)
         return self.logits(h_BTD), cache
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:

@@ -2,7 +2,8 @@
 
 from txjax.nn.attention import LayerCache, MultiHeadAttention
 from txjax.nn.blocks import KVCache, TransformerBlock, TransformerStack
-from txjax.nn.layers import Dense, Embed, FeedForward, LayerNorm, RMSNorm, check_tokens, make_norm
+from txjax.nn.layers import (Dense, Embed, FeedForward, LayerNorm, RMSNorm, check_document_ids, check_tokens,
+                             make_norm)
 from txjax.nn.positions import Positions, RelativePositionBias
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "RelativePositionBias",
     "TransformerBlock",
     "TransformerStack",
+    "check_document_ids",
     "check_tokens",
     "make_norm",
 ]

@@ -21,7 +21,9 @@ class KVCache:
     the key/value heads (config.kv_heads: fewer than N under grouped-query attention);
     `index` (int32 []) counts the slots already written, so the next tokens go to
     positions index, index + 1, ...; `valid_BS` is False at slots that hold a pad
-    token (or nothing yet). T5 adds `cross_k[i]`, `cross_v[i]` ([B, S_enc, K, H],
+    token (or nothing yet). `start_B` (int32 [B] or None = 0): row b's sequence begins
+    at slot start_B[b], after left padding (prompts of different lengths), so slot s
+    holds position s - start_B[b]. T5 adds `cross_k[i]`, `cross_v[i]` ([B, S_enc, K, H],
     projected once from the encoder output) and `cross_mask` (bool [B, 1, 1, S_enc]
     or None). Shapes never change while decoding, so one compiled step serves every
     position.
@@ -34,6 +36,7 @@ class KVCache:
     cross_k: tuple[jax.Array, ...] | None = None
     cross_v: tuple[jax.Array, ...] | None = None
     cross_mask: jax.Array | None = None
+    start_B: jax.Array | None = None
 
     @classmethod
     def zeros(cls, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
@@ -51,6 +54,13 @@ class KVCache:
     @property
     def max_len(self) -> int:
         return self.k[0].shape[1]
+
+    def positions(self, slots: jax.Array) -> jax.Array:
+        """The positions of the tokens at `slots` ([T]); per row ([B, T]) with a `start_B`, where
+        left-padding slots get position 0 (they are never valid keys)."""
+        if self.start_B is None:
+            return slots
+        return jnp.maximum(slots[None, :] - self.start_B[:, None], 0)
 
     def layer(self, i: int) -> tuple[LayerCache, LayerCache | None]:
         """Layer i's self-attention cache (written at `index`) and its fixed cross-attention keys."""
@@ -155,7 +165,8 @@ class TransformerStack(nnx.Module):
         self.final_norm = make_norm(config) if config.norm_position == "pre" else None
 
     def _with_new_tokens(self, cache: KVCache, t: int, valid_BT: jax.Array | None) -> KVCache:
-        """The cache with the validity of T new tokens at slots index .. index + T - 1."""
+        """The cache with the validity of T new tokens at slots index .. index + T - 1 (left
+        padding before a row's `start_B` is never valid)."""
         if not self.causal:
             raise ValueError("a cache needs a causal stack; an encoder has none")
         s = cache.max_len
@@ -163,13 +174,16 @@ class TransformerStack(nnx.Module):
             raise ValueError(f"{t} new tokens do not fit the cache of {s} slots (index {cache.index})")
         if valid_BT is None:
             valid_BT = jnp.ones((cache.valid_BS.shape[0], t), bool)
+        if cache.start_B is not None:
+            slots_T = cache.index + jnp.arange(t, dtype=jnp.int32)
+            valid_BT = valid_BT & (slots_T[None, :] >= cache.start_B[:, None])
         return cache.replace(
             valid_BS=jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT, (0, cache.index)))
 
-    def self_bias(self, q_positions_T, k_positions_S, k_valid_BS=None) -> jax.Array | None:
+    def self_bias(self, q_positions_T, k_positions_S, k_valid_BS=None, documents_BT=None) -> jax.Array | None:
         """The additive self-attention bias: the mask as 0 / -inf plus the relative bias, if any."""
         mask = ops.attention_mask(q_positions_T, k_positions_S, causal=self.causal, k_valid_BS=k_valid_BS,
-                                  window=self.window)
+                                  window=self.window, q_documents_BT=documents_BT, k_documents_BS=documents_BT)
         bias = None if mask is None else ops.mask_to_bias(mask)
         relative = self.positions.attention_bias(q_positions_T, k_positions_S)
         if relative is not None:
@@ -182,15 +196,19 @@ class TransformerStack(nnx.Module):
         positions_T: jax.Array,
         *,
         valid_BT: jax.Array | None = None,
+        documents_BT: jax.Array | None = None,
         enc_BSD: jax.Array | None = None,
         enc_valid_BS: jax.Array | None = None,
+        enc_documents_BS: jax.Array | None = None,
         cache: KVCache | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """(h_BTD, cache) for x_BTD, the embedded tokens (absolute positions already added).
 
         positions_T: the tokens' positions. valid_BT: False at pad tokens, whose keys are
-        hidden (None: all real). enc_BSD / enc_valid_BS: the encoder output a
-        cross-attending stack reads, and its real (non-pad) keys.
+        hidden (None: all real). documents_BT (packed sequences): a token attends only to
+        tokens of its own document id. enc_BSD / enc_valid_BS / enc_documents_BS: the
+        encoder output a cross-attending stack reads, its real (non-pad) keys, and their
+        documents (a decoder token reads only its own document's encoder tokens).
         cache: the T tokens sit at positions index .. index + T - 1 of a causal stack's
         cache and query t sees slot s iff s <= index + t and the slot holds a real token,
         so stale or empty slots never leak in; the cache comes back with their keys and
@@ -198,12 +216,17 @@ class TransformerStack(nnx.Module):
         """
         if cache is None:
             k_positions_S, k_valid_BS = positions_T, valid_BT
-            cross_mask = None if enc_valid_BS is None else enc_valid_BS[:, None, None, :]
+            cross_mask = ops.attention_mask(None, None, causal=False, k_valid_BS=enc_valid_BS,
+                                            q_documents_BT=documents_BT if enc_documents_BS is not None else None,
+                                            k_documents_BS=enc_documents_BS)
         else:
+            if documents_BT is not None or enc_documents_BS is not None:
+                raise ValueError("packed documents are for whole sequences; a cache decodes one sequence per row")
             cache = self._with_new_tokens(cache, x_BTD.shape[1], valid_BT)
-            k_positions_S, k_valid_BS = jnp.arange(cache.max_len, dtype=jnp.int32), cache.valid_BS
+            k_positions_S = cache.positions(jnp.arange(cache.max_len, dtype=jnp.int32))
+            k_valid_BS = cache.valid_BS
             cross_mask = cache.cross_mask
-        bias = self.self_bias(positions_T, k_positions_S, k_valid_BS)
+        bias = self.self_bias(positions_T, k_positions_S, k_valid_BS, documents_BT)
         cross_bias = None if cross_mask is None else ops.mask_to_bias(cross_mask)
         kwargs = dict(rotary=self.positions.rotary, positions=positions_T, enc_BSD=enc_BSD, cross_bias=cross_bias)
         layers = []

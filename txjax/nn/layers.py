@@ -36,6 +36,24 @@ def check_tokens(tokens: jax.Array, vocab_size: int, name: str = "tokens") -> No
             raise ValueError(f"{name} has ids in [{lo}, {hi}], outside the vocabulary [0, {vocab_size})")
 
 
+def check_document_ids(document_ids_BT: jax.Array, shape: tuple[int, ...], name: str = "document_ids") -> jax.Array:
+    """Packed sequences' document ids: integers of the tokens' shape, non-decreasing along each row
+    (each document one contiguous run; checked when the values are concrete). Returns them as an array."""
+    document_ids_BT = jnp.asarray(document_ids_BT)
+    if document_ids_BT.shape != tuple(shape):
+        raise ValueError(f"{name} {document_ids_BT.shape} must have the shape of the tokens {tuple(shape)}")
+    if not jnp.issubdtype(document_ids_BT.dtype, jnp.integer):
+        raise ValueError(f"{name} must be integers, got dtype {document_ids_BT.dtype}")
+    if is_concrete(document_ids_BT) and document_ids_BT.size:
+        steps = np.diff(np.asarray(document_ids_BT), axis=-1)
+        if (steps < 0).any():
+            row, col = map(int, np.argwhere(steps < 0)[0])
+            raise ValueError(
+                f"{name} decrease inside row {row} (at token {col + 1}); each document must be one "
+                "contiguous run, numbered in increasing order along the row")
+    return document_ids_BT
+
+
 class Embed(nnx.Module):
     """Token embedding [V, D]; `attend` is the tied output head x @ E^T."""
 

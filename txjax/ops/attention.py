@@ -35,15 +35,18 @@ def padding_mask(tokens_BS: jax.Array, pad_id: int) -> jax.Array:
 
 
 def attention_mask(q_positions_T: jax.Array, k_positions_S: jax.Array, *, causal: bool,
-                   k_valid_BS: jax.Array | None = None, window: int | None = None) -> jax.Array | None:
+                   k_valid_BS: jax.Array | None = None, window: int | None = None,
+                   q_documents_BT: jax.Array | None = None,
+                   k_documents_BS: jax.Array | None = None) -> jax.Array | None:
     """bool[B|1, 1, T, S], True where query t may see key s; None when every key is visible.
 
     causal: key position <= query position (positions [T] and [S], or per row [B, T] and
     [B, S], increasing along each row). `window` W (sliding-window attention, in positions):
     causal, query q sees keys q - W < k <= q, the last W itself included; otherwise keys
     with |q - k| <= W. `k_valid_BS` False hides key s (padding, or a cache slot not yet
-    written). Every self-attention mask of the models is built here, for a whole sequence
-    and for T new tokens over a cache alike.
+    written). `q_documents_BT` / `k_documents_BS` (packed sequences): query and key see each
+    other only within one document id. Every self-attention mask of the models is built
+    here, for a whole sequence and for T new tokens over a cache alike.
     """
     if window is not None and window < 1:
         raise ValueError(f"attention_mask: window must be >= 1 or None, got {window}")
@@ -58,6 +61,11 @@ def attention_mask(q_positions_T: jax.Array, k_positions_S: jax.Array, *, causal
     if k_valid_BS is not None:
         valid_B11S = k_valid_BS[:, None, None, :]
         mask = valid_B11S if mask is None else mask & valid_B11S
+    if (q_documents_BT is None) != (k_documents_BS is None):
+        raise ValueError("attention_mask: give document ids for both queries and keys, or neither")
+    if q_documents_BT is not None:
+        same_B1TS = (q_documents_BT[:, :, None] == k_documents_BS[:, None, :])[:, None]
+        mask = same_B1TS if mask is None else mask & same_B1TS
     return mask
 
 

@@ -197,6 +197,15 @@ def relative_positions(q_positions: jax.Array, k_positions: jax.Array) -> jax.Ar
     return k_BS[:, None, :] - q_BT[:, :, None]
 
 
+def document_positions(document_ids_BT: jax.Array) -> jax.Array:
+    """int32 [B, T]: each token's position within its document, restarting at 0 wherever the id
+    changes along a row (packed sequences: each document one contiguous run)."""
+    ids_BT = jnp.asarray(document_ids_BT)
+    t_BT = jnp.broadcast_to(jnp.arange(ids_BT.shape[-1], dtype=jnp.int32), ids_BT.shape)
+    starts_BT = jnp.concatenate([jnp.ones_like(ids_BT[:, :1], bool), ids_BT[:, 1:] != ids_BT[:, :-1]], axis=1)
+    return t_BT - jax.lax.cummax(jnp.where(starts_BT, t_BT, 0), axis=1)
+
+
 def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """[1, N, T, S] bias -slope_n * |q_pos - k_pos| ([B, N, T, S] for per-row positions).
 

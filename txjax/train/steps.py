@@ -41,18 +41,23 @@ def token_sums(logits_BTV: jax.Array, labels_BT: jax.Array) -> LossSums:
 
 
 def gpt_loss(model, batch: Batch) -> LossSums:
-    """batch: inputs [B, T], targets [B, T] (-100 ignored)."""
-    return token_sums(model(batch["inputs"]), batch["targets"])
+    """batch: inputs [B, T], targets [B, T] (-100 ignored), optional document_ids [B, T] (packed rows)."""
+    return token_sums(model(batch["inputs"], document_ids_BT=batch.get("document_ids")), batch["targets"])
 
 
 def bert_loss(model, batch: Batch) -> LossSums:
-    """batch: inputs [B, T] (masked), targets [B, T] (-100 where not predicted), optional segment_ids."""
-    return token_sums(model(batch["inputs"], batch.get("segment_ids")), batch["targets"])
+    """batch: inputs [B, T] (masked), targets [B, T] (-100 where not predicted), optional segment_ids
+    and document_ids (packed rows)."""
+    return token_sums(model(batch["inputs"], batch.get("segment_ids"), document_ids_BT=batch.get("document_ids")),
+                      batch["targets"])
 
 
 def t5_loss(model, batch: Batch) -> LossSums:
-    """batch: enc_inputs [B, S], dec_inputs [B, T] (targets shifted right), targets [B, T]."""
-    return token_sums(model(batch["enc_inputs"], batch["dec_inputs"]), batch["targets"])
+    """batch: enc_inputs [B, S], dec_inputs [B, T] (targets shifted right), targets [B, T]; packed
+    pairs add enc_document_ids [B, S] and dec_document_ids [B, T]."""
+    logits_BTV = model(batch["enc_inputs"], batch["dec_inputs"], batch.get("enc_document_ids"),
+                       batch.get("dec_document_ids"))
+    return token_sums(logits_BTV, batch["targets"])
 
 
 LOSSES: dict[str, Callable[[Any, Batch], LossSums]] = {"gpt": gpt_loss, "bert": bert_loss, "t5": t5_loss}
