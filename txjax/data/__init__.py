@@ -8,6 +8,10 @@
   `noise_span_to_unique_sentinel`, `nonnoise_span_to_unique_sentinel`, `t5_span_corruption`.
 - `batching`: `pad_batch`, `nonpad_mask`, `concat_documents`, `pack_tokens`,
   `BatchIterator` with a resumable `IteratorState`.
+- `packing`: packed sequences with per-token document ids: `split_documents`,
+  `pack_documents`, `pack_rows`, `padding_share`, `span_lengths`, `padding_report`, and the
+  objectives as `BatchIterator` transforms: `NextTokenPacking`, `MLMPacking`, `SpanPacking`.
+- `bins`: `first_fit`, the row planner behind packing (one or two dimensions).
 
 Nothing here imports JAX: batches are NumPy arrays, handed to jitted steps as they are.
 """
@@ -20,6 +24,7 @@ from txjax.data.batching import (
     pack_tokens,
     pad_batch,
 )
+from txjax.data.bins import first_fit
 from txjax.data.mnist import MNISTData, PatchTokenizer, load_mnist
 from txjax.data.objectives import (
     IGNORE_INDEX,
@@ -32,25 +37,40 @@ from txjax.data.objectives import (
     t5_span_corruption,
     t5_span_corruption_batch,
 )
+from txjax.data.packing import (
+    MLMPacking,
+    NextTokenPacking,
+    SpanPacking,
+    pack_documents,
+    pack_rows,
+    padding_report,
+    padding_share,
+    span_lengths,
+    split_documents,
+)
 from txjax.data.text import (
+    FAMILIES,
     BPETokenizer,
     CharTokenizer,
-    FAMILIES,
     load_corpus,
     load_tokenizer,
 )
 
 __all__ = [
+    "FAMILIES",
+    "IGNORE_INDEX",
     "BPETokenizer",
     "BatchIterator",
     "CharTokenizer",
-    "FAMILIES",
-    "IGNORE_INDEX",
     "IteratorState",
+    "MLMPacking",
     "MNISTData",
+    "NextTokenPacking",
     "PatchTokenizer",
+    "SpanPacking",
     "ar_shift",
     "concat_documents",
+    "first_fit",
     "load_corpus",
     "load_mnist",
     "load_tokenizer",
@@ -58,10 +78,16 @@ __all__ = [
     "noise_span_to_unique_sentinel",
     "nonnoise_span_to_unique_sentinel",
     "nonpad_mask",
+    "pack_documents",
+    "pack_rows",
     "pack_tokens",
     "pad_batch",
+    "padding_report",
+    "padding_share",
     "random_spans_helper",
     "random_spans_noise_mask",
+    "span_lengths",
+    "split_documents",
     "t5_span_corruption",
     "t5_span_corruption_batch",
 ]
