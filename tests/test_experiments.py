@@ -157,6 +157,19 @@ def test_train_t5_tiny_end_to_end_and_fill(tmp_path, capsys):
     assert filled["filled"].startswith("to b[") and "] or n[" in filled["filled"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["train_bert", "train_t5"])
+def test_text_scripts_train_on_packed_documents(script, tmp_path, capsys):
+    """--packing packed: the corpus's documents packed into rows with document ids, which the
+    losses hand to the model; the log says how much padding is left."""
+    out = load_script(script).main(TEXT + ["--runs_dir", str(tmp_path), "--name", "p", "--packing", "packed",
+                                           "--show", "1"])
+    loss = out["heldout_mlm_loss" if script == "train_bert" else "heldout_loss"]
+    assert 0 < loss < 10
+    log = capsys.readouterr().out
+    assert "(packed):" in log and "% padding) train" in log
+
+
 def test_unwritable_runs_dir_and_missing_run_are_clear_errors(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")

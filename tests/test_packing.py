@@ -133,3 +133,21 @@ def test_t5_needs_both_sides_and_a_cache_refuses_documents():
     gpt = GPT(GPTConfig(**TINY), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="a cache decodes one sequence per row"):
         gpt.forward(row_BT, gpt.init_cache(1, 12), document_ids_BT=ids_BT)
+
+
+def test_packed_batch_loss_is_the_sum_of_the_documents_losses():
+    """End to end: `NextTokenPacking` rows through `gpt_loss` score each document as alone,
+    with no target across a document boundary."""
+    from txjax.data import NextTokenPacking
+    from txjax.train.steps import gpt_loss
+
+    docs = [np.arange(1, 6), np.array([7, 8, 9]), np.arange(2, 12)]
+    objective = NextTokenPacking(context=11, pad_id=0)
+    batch = {k: jnp.asarray(v) for k, v in objective(objective.rows(docs)).items()}
+    assert batch["inputs"].shape == (2, 11)  # 10 tokens alone in one row, 5 + 3 in the other
+    model = GPT(GPTConfig(**TINY, position="learned", pad_id=0), rngs=nnx.Rngs(0))
+    packed = jax.jit(gpt_loss)(model, batch)
+    alone = [gpt_loss(model, {"inputs": jnp.asarray(d[None, :-1]), "targets": jnp.asarray(d[None, 1:])})
+             for d in docs]
+    assert int(packed.count) == sum(int(a.count) for a in alone) == 4 + 2 + 9
+    np.testing.assert_allclose(packed.nll, sum(float(a.nll) for a in alone), rtol=1e-5)

@@ -9,13 +9,16 @@ import numpy as np
 from flax import nnx
 
 from txjax.config import BertConfig, ExecutionConfig
-from txjax.data import CharTokenizer, mlm_mask, pack_tokens
+from txjax.data import CharTokenizer, MLMPacking, mlm_mask, pack_tokens
 from txjax.models import Bert
 from txjax.tasks.text import (
     TextRunConfig,
     check_len,
+    corpus_documents,
     corpus_split,
+    describe_rows,
     encode_masked,
+    first_rows,
     fit_numbers,
     n_params,
     train_with_held_out,
@@ -50,18 +53,24 @@ def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConf
     """Train BERT with MLM; report held-out MLM loss and accuracy; write the run folder."""
     prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
     t0 = time.perf_counter()
-    tok, train_ids, held_ids, name = corpus_split(run_cfg, "bert")
+    if run_cfg.packing == "stream":
+        tok, train_ids, held_ids, name = corpus_split(run_cfg, "bert")
+        transform = mlm_transform(tok, run_cfg.mask_rate)
+        train_rows, held_rows = (bert_rows(ids, tok, run_cfg.seq_len) for ids in (train_ids, held_ids))
+    else:  # documents, each [CLS] doc [SEP], packed or one per row, with document ids
+        tok, train_docs, held_docs, name = corpus_documents(run_cfg, "bert")
+        transform = MLMPacking.from_tokenizer(tok, run_cfg.seq_len, run_cfg.mask_rate)
+        train_rows, held_rows = (transform.rows(docs, packing=run_cfg.packing == "packed")
+                                 for docs in (train_docs, held_docs))
     model_cfg = with_vocab(model_cfg, tok.vocab_size, pad_id=tok.pad_id)
     check_len(model_cfg, run_cfg.seq_len)
-    train_rows, held_rows = bert_rows(train_ids, tok, run_cfg.seq_len), bert_rows(held_ids, tok, run_cfg.seq_len)
-    held_rows = held_rows[: run_cfg.heldout_examples]
-    log(f"corpus {name}: {len(train_rows)} train / {len(held_rows)} held-out rows of {run_cfg.seq_len}, "
-        f"vocab {tok.vocab_size}")
+    held_rows = first_rows(held_rows, run_cfg.heldout_examples)
+    log(f"corpus {name} ({run_cfg.packing}): {describe_rows(train_rows)} train / {describe_rows(held_rows)} "
+        f"held-out of {run_cfg.seq_len} tokens, vocab {tok.vocab_size}")
     model = Bert(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     log(f"BERT: {n_params(model):,} parameters")
     stepper, state, fit_summary, _, final = train_with_held_out(
-        model, bert_loss, mlm_transform(tok, run_cfg.mask_rate), train_rows, held_rows, tok, train_cfg,
-        run_cfg, stop_at=stop_at, log=log)
+        model, bert_loss, transform, train_rows, held_rows, tok, train_cfg, run_cfg, stop_at=stop_at, log=log)
     summary = {"heldout_mlm_loss": final["loss"], "heldout_mlm_accuracy": final["accuracy"],
                "heldout_predicted_tokens": final["tokens"], **fit_numbers(fit_summary),
                "total_wall_s": time.perf_counter() - t0}

@@ -10,14 +10,17 @@ import numpy as np
 from flax import nnx
 
 from txjax.config import ExecutionConfig, T5Config
-from txjax.data import CharTokenizer, pack_tokens, random_spans_helper, t5_span_corruption_batch
+from txjax.data import CharTokenizer, SpanPacking, pack_tokens, random_spans_helper, t5_span_corruption_batch
 from txjax.decoding import generate
 from txjax.models import T5
 from txjax.tasks.text import (
     TextRunConfig,
     check_len,
+    corpus_documents,
     corpus_split,
+    describe_rows,
     encode_masked,
+    first_rows,
     fit_numbers,
     masked_prompt,
     n_params,
@@ -51,9 +54,11 @@ def span_transform(tok: CharTokenizer, run_cfg: TextRunConfig):
 
 
 def t5_decode(model, enc_BS: np.ndarray, length: int, key, temperature: float = 0.0,
-              top_k: int | None = None) -> np.ndarray:
-    """`length` decoder tokens per row from `txjax.generate`, the start token dropped."""
-    out = generate(model, jnp.asarray(enc_BS), length, key, temperature=temperature, top_k=top_k)
+              top_k: int | None = None, lengths_B: np.ndarray | None = None) -> np.ndarray:
+    """`length` decoder tokens per row from `txjax.generate`, the start token dropped; lengths_B:
+    the encoder reads only each row's first L_b tokens."""
+    out = generate(model, jnp.asarray(enc_BS), length, key, temperature=temperature, top_k=top_k,
+                   prompt_lengths=lengths_B)
     return np.asarray(out)[:, 1:]
 
 
@@ -105,25 +110,36 @@ def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, 
     """Train T5 with span corruption; report held-out loss and print decoded spans beside the truth."""
     prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
     t0 = time.perf_counter()
-    tok, train_ids, held_ids, name = corpus_split(run_cfg, "t5", run_cfg.num_sentinels)
+    raw_len, targets_length = t5_lengths(run_cfg)
+    if run_cfg.packing == "stream":
+        tok, train_ids, held_ids, name = corpus_split(run_cfg, "t5", run_cfg.num_sentinels)
+        transform = span_transform(tok, run_cfg)
+        train_rows, held_rows = pack_tokens(train_ids, raw_len), pack_tokens(held_ids, raw_len)
+    else:  # documents, each corrupted on its own, packed or one per row, with document ids
+        tok, train_docs, held_docs, name = corpus_documents(run_cfg, "t5", run_cfg.num_sentinels)
+        transform = SpanPacking.from_tokenizer(tok, run_cfg.seq_len, targets_length, run_cfg.mask_rate,
+                                               run_cfg.mean_span)
+        train_rows, held_rows = (transform.rows(docs, packing=run_cfg.packing == "packed")
+                                 for docs in (train_docs, held_docs))
     model_cfg = with_vocab(model_cfg, tok.vocab_size, pad_id=tok.pad_id, eos_id=tok.eos_id,
                             decoder_start_id=tok.pad_id)
-    raw_len, targets_length = t5_lengths(run_cfg)
     check_len(model_cfg, max(run_cfg.seq_len, targets_length))
-    train_rows, held_rows = pack_tokens(train_ids, raw_len), pack_tokens(held_ids, raw_len)
-    held_rows = held_rows[: run_cfg.heldout_examples]
-    log(f"corpus {name}: {len(train_rows)} train / {len(held_rows)} held-out examples; "
-        f"{raw_len} raw tokens -> {run_cfg.seq_len} encoder / {targets_length} decoder tokens, vocab {tok.vocab_size}")
+    held_rows = first_rows(held_rows, run_cfg.heldout_examples)
+    log(f"corpus {name} ({run_cfg.packing}): {describe_rows(train_rows)} train / {describe_rows(held_rows)} "
+        f"held-out; {raw_len} raw tokens -> {run_cfg.seq_len} encoder / {targets_length} decoder tokens, "
+        f"vocab {tok.vocab_size}")
     model = T5(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     log(f"T5: {n_params(model):,} parameters")
     stepper, state, fit_summary, held, final = train_with_held_out(
-        model, t5_loss, span_transform(tok, run_cfg), train_rows, held_rows, tok, train_cfg, run_cfg,
-        stop_at=stop_at, log=log)
+        model, t5_loss, transform, train_rows, held_rows, tok, train_cfg, run_cfg, stop_at=stop_at, log=log)
     examples = []
     if run_cfg.show:
         n = min(run_cfg.show, len(held["enc_inputs"]))
+        # A packed row shows its first document: the encoder reads up to that document's end.
+        ids = held.get("enc_document_ids")
+        lengths = None if ids is None else (ids[:n] == 0).sum(axis=1)
         pred = t5_decode(stepper.model(state.params), held["enc_inputs"][:n], targets_length,
-                         jax.random.key(train_cfg.seed), temperature=0.0)
+                         jax.random.key(train_cfg.seed), temperature=0.0, lengths_B=lengths)
         for i in range(n):
             examples.append({"input": show_spans(tok, held["enc_inputs"][i]),
                              "truth": show_spans(tok, held["targets"][i]),

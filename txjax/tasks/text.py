@@ -16,11 +16,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from txjax.data import BatchIterator, CharTokenizer, load_corpus
+from txjax.data import BatchIterator, CharTokenizer, load_corpus, split_documents
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import write_json
 from txjax.train.plots import plot_loss_curve
+
+
+PACKINGS = ("stream", "packed", "padded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,7 @@ class TextRunConfig(RunConfig):
     mean_span: float = 3.0  # T5: mean corrupted-span length
     num_sentinels: int = 32  # T5: sentinel ids at the top of the vocabulary
     show: int = 3  # T5: held-out examples whose decoded spans are printed beside the truth
+    packing: str = "stream"  # stream: the corpus as one token stream cut into rows (documents run across them); packed: its blank-line separated documents packed into rows with document ids (attention and positions kept per document); padded: one document per row
 
     def __post_init__(self):
         super().__post_init__()
@@ -50,6 +54,8 @@ class TextRunConfig(RunConfig):
             raise ValueError(f"mean_span must be >= 1, got {self.mean_span}")
         if self.show < 0:
             raise ValueError(f"show must be >= 0, got {self.show}")
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
 
 
 def corpus_split(run_cfg: TextRunConfig, family: str, num_sentinels: int | None = None):
@@ -60,6 +66,34 @@ def corpus_split(run_cfg: TextRunConfig, family: str, num_sentinels: int | None 
     ids = tok.encode(text)
     cut = int(len(ids) * (1.0 - run_cfg.heldout_fraction))
     return tok, ids[:cut], ids[cut:], name
+
+
+def corpus_documents(run_cfg: TextRunConfig, family: str, num_sentinels: int | None = None):
+    """(tokenizer, train documents, held-out documents, corpus name): the corpus's documents
+    (`txjax.data.split_documents`) as id arrays, the last `heldout_fraction` of them held out;
+    the tokenizer is `corpus_split`'s."""
+    name = run_cfg.corpus if run_cfg.corpus is not None else "default"
+    text = load_corpus(name)
+    tok = CharTokenizer.from_corpus(text, family=family, num_sentinels=num_sentinels)
+    docs = [tok.encode(d) for d in split_documents(text)]
+    cut = int(len(docs) * (1.0 - run_cfg.heldout_fraction))
+    if not 0 < cut < len(docs):
+        raise ValueError(f"corpus {name} has {len(docs)} documents (blank-line separated), too few to hold "
+                         f"out {run_cfg.heldout_fraction:.0%} of them; use --packing stream")
+    return tok, docs[:cut], docs[cut:], name
+
+
+def first_rows(rows, n: int):
+    """The first n rows of an array, or of each array of a dict of rows."""
+    return {k: v[:n] for k, v in rows.items()} if isinstance(rows, dict) else rows[:n]
+
+
+def describe_rows(rows) -> str:
+    """"N rows", and the padding share when the rows hold documents (a dict with lengths)."""
+    if not isinstance(rows, dict):
+        return f"{len(rows)} rows"
+    pad = 1.0 - rows["lengths"].sum() / rows["tokens"].size
+    return f"{len(rows['tokens'])} rows ({pad:.1%} padding)"
 
 
 def n_params(model) -> int:
@@ -140,5 +174,5 @@ def write_summary(run_cfg, summary: dict, ylabel: str) -> None:
     write_json(run_dir / "summary.json", summary)
 
 
-__all__ = ["TextRunConfig", "batches_of", "corpus_split", "encode_masked", "masked_prompt", "tokenizer_from_meta",
+__all__ = ["PACKINGS", "TextRunConfig", "batches_of", "corpus_documents", "corpus_split", "describe_rows", "first_rows", "encode_masked", "masked_prompt", "tokenizer_from_meta",
            "tokenizer_meta"]
