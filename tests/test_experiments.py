@@ -73,6 +73,26 @@ def test_presets_and_overrides():
     assert preset == "default" and cfg == gpt.PRESETS["default"]
 
 
+@pytest.mark.parametrize("script", ["train_gpt", "train_bert", "train_t5"])
+def test_without_preset_the_backend_picks_it_and_the_first_line_says_why(script, monkeypatch):
+    from txjax.train import experiment
+
+    module, lines, seen = load_script(script), [], []
+
+    def run(model, train, run, execution):
+        seen.append(train)
+        return {}
+
+    experiment.train_script(run, module.PRESETS, module.make_parser, ["--steps", "3"], log=lines.append)
+    assert seen[-1] == module.PRESETS["cpu"]["train"].replace(steps=3)  # flags still apply on top
+    assert lines[0] == "preset cpu: JAX found no accelerator (backend cpu); --preset default forces the other"
+    experiment.train_script(run, module.PRESETS, module.make_parser, ["--preset", "default"], log=lines.append)
+    assert seen[-1] == module.PRESETS["default"]["train"] and "JAX found none, so it will be slow" in lines[-1]
+    monkeypatch.setattr(experiment, "on_accelerator", lambda: True)
+    experiment.train_script(run, module.PRESETS, module.make_parser, [], log=lines.append)
+    assert seen[-1] == module.PRESETS["default"]["train"] and lines[-1].startswith("preset default: JAX found an")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),
     (["--learning_rate", "-0.1"], "learning_rate must be > 0"),

@@ -97,9 +97,12 @@ def build_parser(description: str, configs: dict[str, tuple[str, Any]], presets:
     """
     parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
     if presets:
+        which = (f"those of --preset {default_preset}" if default_preset is not None else
+                 "those of the preset in effect: without --preset, cpu where JAX finds no accelerator, "
+                 "else default")
         parser.add_argument("--preset", choices=list(presets), default=default_preset,
-                            help="starting point for every flag below; the defaults shown are "
-                                 f"those of --preset {default_preset} (try --preset NAME --help)")
+                            help=f"starting point for every flag below; the defaults shown are {which} "
+                                 "(try --preset NAME --help)")
     seen: dict[str, str] = {}
     for prefix, (title, config) in configs.items():
         for f in dataclasses.fields(config):
@@ -115,10 +118,10 @@ GROUP_TITLES = {"model": "model", "train": "training", "run": "run",
 
 
 def script_parser(description: str, configs: dict[str, Any], presets: Sequence[str]) -> argparse.ArgumentParser:
-    """A train script's parser: `--preset` (default "default") and a flag group per config."""
+    """A train script's parser: `--preset` (without it, the one for the backend) and a flag group per config."""
     return build_parser(
         description, {name: (f"{GROUP_TITLES.get(name, name)} ({type(c).__name__})", c) for name, c in configs.items()},
-        presets=list(presets), default_preset="default")
+        presets=list(presets))
 
 
 def apply_flags(parser: argparse.ArgumentParser, args: argparse.Namespace,
@@ -138,6 +141,13 @@ def apply_flags(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return out
 
 
+def given_preset(argv: Sequence[str] | None) -> str | None:
+    """The value of --preset in argv (None: sys.argv[1:]), or None when it is not there."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--preset", default=None)
+    return pre.parse_known_args(argv)[0].preset
+
+
 def parse_configs(parser_fn, presets: dict[str, dict[str, Any]], argv: Sequence[str] | None,
                   default_preset: str) -> tuple[str, dict[str, Any]]:
     """Parse argv: pick the preset, then apply the flags given on top of it.
@@ -145,11 +155,8 @@ def parse_configs(parser_fn, presets: dict[str, dict[str, Any]], argv: Sequence[
     parser_fn(preset configs) -> parser; presets: name -> {prefix: config}.
     Returns (preset name, {prefix: config}).
     """
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--preset", default=default_preset)
-    known, _ = pre.parse_known_args(argv)
-    name = known.preset if known.preset in presets else default_preset
+    given = given_preset(argv)
+    name = given if given in presets else default_preset
     parser = parser_fn(presets[name])
-    args = parser.parse_args(argv)
-    chosen = getattr(args, "preset", None) or default_preset
-    return chosen, apply_flags(parser, args, presets[chosen])
+    args = parser.parse_args(argv)  # an unknown --preset is refused here, with the choices
+    return name, apply_flags(parser, args, presets[name])

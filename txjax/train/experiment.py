@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
-from txjax.train.cli import parse_configs
+from txjax.train.cli import given_preset, parse_configs
 from txjax.train.config import TrainConfig
 from txjax.train.loop import NonFiniteLoss, RunDirError, fit, prepare_run_dir, restore_or_init, write_json
 from txjax.train.steps import Stepper, TrainState
@@ -96,21 +96,37 @@ def train_run(
     return stepper, state, summary
 
 
-def cpu_hint(preset: str, log: Callable[[str], None] = print) -> None:
-    """On a machine without an accelerator, point at the CPU preset."""
+def backend_preset(presets: dict) -> tuple[str, str]:
+    """(preset, why) for a run without --preset: "cpu" where JAX finds no accelerator, else "default"
+    (sized for one GPU or TPU)."""
+    backend = jax.default_backend()
+    if on_accelerator() or "cpu" not in presets:
+        return "default", f"JAX found an accelerator (backend {backend})"
+    return "cpu", "JAX found no accelerator (backend cpu)"
+
+
+def preset_line(preset: str, forced: bool, why: str) -> str:
+    """The script's first line: which preset runs, and why."""
+    if not forced:
+        other = "default" if preset == "cpu" else "cpu"
+        return f"preset {preset}: {why}; --preset {other} forces the other"
     if preset != "cpu" and not on_accelerator():
-        log("note: no accelerator found; this preset is sized for one and will be slow on CPU. "
-            "Try --preset cpu.")
+        return (f"preset {preset} (--preset): sized for an accelerator, JAX found none, so it will be slow "
+                "here; --preset cpu is sized for 2 CPU cores")
+    return f"preset {preset} (--preset)"
 
 
-def train_script(run_fn, presets: dict, make_parser, argv=None, *, locate: Callable = lambda run: run) -> dict:
-    """What a train_*.py script does: parse `--preset` and the flags, point at the CPU preset on a
-    CPU, then `run_fn(model, train, locate(run), execution=...)`; an error a user can fix is one line.
+def train_script(run_fn, presets: dict, make_parser, argv=None, *, locate: Callable = lambda run: run,
+                 log: Callable[[str], None] = print) -> dict:
+    """What a train_*.py script does: pick the preset (`--preset`, else the one for the backend: see
+    `backend_preset`), say which and why, apply the flags, then `run_fn(model, train, locate(run),
+    execution=...)`; an error a user can fix is one line.
 
     locate(run config) -> run config: the script's chance to fill in data paths.
     """
-    preset, cfg = parse_configs(make_parser, presets, argv, "default")
-    cpu_hint(preset)
+    auto, why = backend_preset(presets)
+    preset, cfg = parse_configs(make_parser, presets, argv, auto)
+    log(preset_line(preset, given_preset(argv) is not None, why))
     try:
         return run_fn(cfg["model"], cfg["train"], locate(cfg["run"]), execution=cfg["execution"])
     except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
