@@ -51,7 +51,7 @@ def mlm_transform(tok: CharTokenizer, rate: float):
 def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
              execution: ExecutionConfig | None = None, stop_at: int | None = None, log=print) -> dict:
     """Train BERT with MLM; report held-out MLM loss and accuracy; write the run folder."""
-    prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
+    prepare_run_dir(run_cfg.run_dir)  # fail before loading data; emptied (overwrite) only once claimed
     t0 = time.perf_counter()
     if run_cfg.packing == "stream":
         tok, train_ids, held_ids, name = corpus_split(run_cfg, "bert")

@@ -131,7 +131,7 @@ def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRu
     Writes config.json, metrics.jsonl, checkpoints/, loss.png, samples.png and
     summary.json into run_cfg.run_dir; returns the summary.
     """
-    prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
+    prepare_run_dir(run_cfg.run_dir)  # fail before loading data; emptied (overwrite) only once claimed
     t0 = time.perf_counter()
     tok, train_BT, test_BT, source = load_tokens(run_cfg)
     if model_cfg.vocab_size != tok.vocab_size:

@@ -108,7 +108,7 @@ def show_spans(tok: CharTokenizer, ids: np.ndarray) -> str:
 def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
            execution: ExecutionConfig | None = None, stop_at: int | None = None, log=print) -> dict:
     """Train T5 with span corruption; report held-out loss and print decoded spans beside the truth."""
-    prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)  # fail before loading data
+    prepare_run_dir(run_cfg.run_dir)  # fail before loading data; emptied (overwrite) only once claimed
     t0 = time.perf_counter()
     raw_len, targets_length = t5_lengths(run_cfg)
     if run_cfg.packing == "stream":

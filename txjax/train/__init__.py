@@ -9,7 +9,7 @@
 - `Checkpointer`: Orbax checkpoints of the state plus JSON metadata (data position, configs, tokenizer).
 """
 
-from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
+from txjax.train.checkpoint import CheckpointDamaged, Checkpointer, CheckpointMismatch
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import NonFiniteLoss, RunDirError, fit, restore_or_init
@@ -17,6 +17,7 @@ from txjax.train.optim import decay_mask, make_optimizer, make_schedule
 from txjax.train.steps import LossSums, Stepper, TrainState, bert_loss, gpt_loss, t5_loss, token_sums
 
 __all__ = [
+    "CheckpointDamaged",
     "CheckpointMismatch",
     "Checkpointer",
     "LossSums",

@@ -4,15 +4,41 @@ The metadata holds the data position, the model and training configs and the tok
 so a run can be resumed, and a checkpoint from a different config is refused with the
 fields that differ instead of failing deep inside a shape check. Saves are synchronous:
 the next train step donates the very buffers being written.
+
+Each saved step also gets `sha256.json`, the digest of every file Orbax wrote for it;
+reading a checkpoint checks them first, and without an explicit step the newest intact
+one is read, saying which damaged ones it passed over.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+DIGESTS = "sha256.json"
+
+
+def _digests(step_dir: Path) -> dict[str, str]:
+    """sha256 of every file under a step's folder (but the digest file), by relative path."""
+    out = {}
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != DIGESTS):
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        out[path.relative_to(step_dir).as_posix()] = h.hexdigest()
+    return out
+
+
+class CheckpointDamaged(ValueError):
+    """No checkpoint in the folder (or not the one asked for) has the bytes it was saved with."""
 
 
 class CheckpointMismatch(ValueError):
@@ -22,8 +48,11 @@ class CheckpointMismatch(ValueError):
 class Checkpointer:
     """Numbered checkpoints under `directory` (`<step>/state`, `<step>/meta`); keeps the newest `keep`."""
 
-    def __init__(self, directory: str | Path, keep: int = 2, *, read_only: bool = False):
+    def __init__(self, directory: str | Path, keep: int = 2, *, read_only: bool = False,
+                 log: Callable[[str], None] = print):
         self.directory = Path(directory).absolute()
+        self.log = log
+        self.read_only = read_only
         if read_only and not self.directory.is_dir():
             raise FileNotFoundError(f"no checkpoint folder at {self.directory}")
         self.manager = ocp.CheckpointManager(
@@ -49,6 +78,48 @@ class Checkpointer:
             force=True,
         )
         self.manager.wait_until_finished()
+        step_dir = self.directory / str(step)
+        tmp = step_dir / f".{DIGESTS}.tmp"
+        tmp.write_text(json.dumps(_digests(step_dir), indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, step_dir / DIGESTS)
+
+    def damage(self, step: int) -> str | None:
+        """What is wrong with checkpoint `step`'s files, or None when they are as saved. A step
+        without digests (saved by an older txjax, or killed between Orbax's save and them) passes."""
+        step_dir = self.directory / str(step)
+        try:
+            saved = json.loads((step_dir / DIGESTS).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            return f"unreadable {DIGESTS} ({err})"
+        found = _digests(step_dir)
+        for name in sorted(set(saved) | set(found)):
+            if name not in found:
+                return f"{name} is missing"
+            if saved.get(name) != found[name]:
+                return f"{name} differs from what was saved" if name in saved else f"{name} was not saved"
+        return None
+
+    def newest_intact(self) -> int | None:
+        """The newest step whose files are as saved (None: no checkpoint at all). Damaged newer
+        ones are reported through `log` and (unless read-only) moved aside to `damaged-<step>`,
+        so training can write those steps again; every step damaged is a CheckpointDamaged."""
+        steps = sorted(self.all_steps(), reverse=True)
+        damaged = []
+        for step in steps:
+            problem = self.damage(step)
+            if problem is None:
+                if damaged:
+                    self._set_aside([int(d.split()[0]) for d in damaged])
+                    self.log(f"damaged checkpoint in {self.directory}, passed over: step {'; step '.join(damaged)}; "
+                             f"using step {step}" + ("" if self.read_only else " (the damaged ones moved to damaged-<step>)"))
+                return step
+            damaged.append(f"{step} ({problem})")
+        if damaged:
+            raise CheckpointDamaged(f"every checkpoint in {self.directory} is damaged: " + "; ".join(damaged)
+                                    + "; remove the folder, or pass --overwrite true to start over")
+        return None
 
     def read_meta(self, step: int | None = None) -> dict:
         """The JSON metadata of checkpoint `step` (default: the latest)."""
@@ -74,13 +145,25 @@ class Checkpointer:
                                          partial_restore=True)
         return self.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]["params"]
 
+    def _set_aside(self, steps: list[int]) -> None:
+        if self.read_only:
+            return
+        for step in steps:
+            os.replace(self.directory / str(step), self.directory / f"damaged-{step}")
+        self.manager.reload()
+
     def _step(self, step: int | None) -> int:
+        """The step to read: the newest intact one, or `step` if it is there and intact."""
         if step is None:
-            step = self.latest_step()
+            step = self.newest_intact()
             if step is None:
                 raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        elif step not in self.all_steps():
+            return step
+        if step not in self.all_steps():
             raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}; have {self.all_steps()}")
+        problem = self.damage(step)
+        if problem is not None:
+            raise CheckpointDamaged(f"checkpoint {step} in {self.directory} is damaged: {problem}")
         return step
 
     def close(self) -> None:

@@ -18,7 +18,8 @@ import jax
 from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
 from txjax.train.cli import given_preset, parse_configs
 from txjax.train.config import TrainConfig
-from txjax.train.loop import NonFiniteLoss, RunDirError, fit, prepare_run_dir, restore_or_init, write_json
+from txjax.train.loop import NonFiniteLoss, RunDirError, fit, restore_or_init, write_json
+from txjax.train.rundir import claim_run_dir
 from txjax.train.steps import Stepper, TrainState
 
 
@@ -66,20 +67,26 @@ def train_run(
     stop_at: int | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[Stepper, TrainState, dict]:
-    """Prepare the run folder, resume or start, train, and return (stepper, state, fit summary).
+    """Claim the run folder (one run at a time; emptied first with `run_cfg.overwrite`), resume or
+    start, train, and return (stepper, state, fit summary).
 
     extra_meta: more JSON saved in config.json and checkpoints (e.g. the tokenizer); the
     model's execution config is saved there too, as "execution".
     eval_fn(stepper, params) -> {name: value}: held-out metrics during and after training.
     """
-    run_dir = prepare_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite)
+    with claim_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite) as run_dir:
+        return _train_in(run_dir, model, loss_fn, train_cfg, run_cfg, batches, extra_meta, eval_fn, stop_at, log)
+
+
+def _train_in(run_dir, model, loss_fn, train_cfg, run_cfg, batches, extra_meta, eval_fn, stop_at, log):
+    """train_run inside its claimed folder; config.json is written only once a resume is accepted."""
     sections = config_sections(model.config, train_cfg, run_cfg)
     extra_meta = {"execution": model.execution.to_dict(), **(extra_meta or {})}
-    write_json(run_dir / "config.json", {**sections, **extra_meta})
     stepper = Stepper(model, loss_fn, train_cfg)
-    checkpointer = Checkpointer(run_dir / "checkpoints", keep=train_cfg.keep_checkpoints)
+    checkpointer = Checkpointer(run_dir / "checkpoints", keep=train_cfg.keep_checkpoints, log=log)
     try:
         state, start = restore_or_init(stepper, checkpointer, batches, sections, RESUME_IGNORES)
+        write_json(run_dir / "config.json", {**sections, **extra_meta})
         if start:
             log(f"resuming {run_dir} from step {start}")
         if start >= train_cfg.steps:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,31 +20,13 @@ import jax.numpy as jnp
 from tqdm.auto import tqdm
 
 from txjax.train.checkpoint import Checkpointer, check_compatible
+from txjax.train.rundir import RunDirError, prepare_run_dir  # noqa: F401 - re-exported: scripts check the folder early
 from txjax.train.config import TrainConfig
 from txjax.train.steps import Stepper, TrainState
 
 
 class NonFiniteLoss(RuntimeError):
     """The loss or gradient norm became NaN or Inf; the run stopped."""
-
-
-class RunDirError(OSError):
-    """The run folder cannot be created or written."""
-
-
-def prepare_run_dir(path: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Create `path` (or empty it when overwrite=True) and check it is writable."""
-    path = Path(path)
-    try:
-        if overwrite and path.exists():
-            shutil.rmtree(path)
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        raise RunDirError(f"cannot write to the run folder {path}: {err.strerror or err}") from err
-    return path
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -93,7 +74,7 @@ def restore_or_init(stepper: Stepper, checkpointer: Checkpointer, batches, meta:
     equal the checkpoint's, except the fields named in `ignore[section]`.
     """
     state = stepper.init_state()
-    step = checkpointer.latest_step()
+    step = checkpointer.newest_intact()
     if step is None:
         return state, 0
     saved = checkpointer.read_meta(step)
