@@ -39,6 +39,7 @@ def test_bad_model_config_values_are_refused(cls, changes, match):
     (T5Config, dict(eos_id=-1), r"eos_id=-1 is outside the vocabulary \[0, 8\)"),
     (T5Config, dict(decoder_start_id=99), r"decoder_start_id=99 is outside the vocabulary \[0, 8\)"),
     (T5Config, dict(decoder_start_id=-1), r"decoder_start_id=-1 is outside the vocabulary"),
+    (T5Config, dict(num_decoder_layers=0), r"num_decoder_layers must be a positive int or None, got 0"),
 ])
 def test_bad_family_config_values_are_refused(cls, changes, match):
     with pytest.raises(ValueError, match=match):

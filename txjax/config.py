@@ -132,7 +132,8 @@ class TransformerConfig:
             raise ValueError(f"{type(self).__name__}.head_dim must be a positive int or None, got {self.head_dim!r}")
         for name, low, rule in (("norm_eps", 0.0, "> 0"), ("rope_base", 1.0, "> 1")):
             if not _finite_above(getattr(self, name), low):
-                raise ValueError(f"{type(self).__name__}.{name} must be a finite number {rule}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{type(self).__name__}.{name} must be a finite number {rule}, got {getattr(self, name)!r}")
         if self.attention_scale is not None and not _finite_above(self.attention_scale, 0.0):
             raise ValueError(f"{type(self).__name__}.attention_scale must be a finite number > 0 or None, "
                              f"got {self.attention_scale!r}")
@@ -145,7 +146,8 @@ class TransformerConfig:
                 or self.max_distance <= self.num_buckets // 2):
             # T5's buckets: half exact, half logarithmic up to max_distance, whose log(max_distance / max_exact)
             # must be positive (max_exact is num_buckets // 2, or // 4 per direction when bidirectional).
-            raise ValueError(f"num_buckets={self.num_buckets!r} must be an int >= 4 and max_distance={self.max_distance!r} "
+            raise ValueError(f"num_buckets={self.num_buckets!r} must be an int >= 4 and "
+                             f"max_distance={self.max_distance!r} "
                              f"> num_buckets // 2 = {self.num_buckets // 2}")
         if self.random_positions is not None:
             if not isinstance(self.random_positions, int) or self.random_positions < 1:
@@ -267,8 +269,9 @@ class T5Config(TransformerConfig):
         super().__post_init__()
         check_vocab_id(self, "eos_id", self.eos_id)
         check_vocab_id(self, "decoder_start_id", self.decoder_start_id)
-        if self.num_decoder_layers is not None and (not _is_int(self.num_decoder_layers) or self.num_decoder_layers < 1):
-            raise ValueError(f"T5Config.num_decoder_layers must be a positive int or None, got {self.num_decoder_layers!r}")
+        layers = self.num_decoder_layers
+        if layers is not None and (not _is_int(layers) or layers < 1):
+            raise ValueError(f"T5Config.num_decoder_layers must be a positive int or None, got {layers!r}")
 
     @property
     def decoder_layers(self) -> int:

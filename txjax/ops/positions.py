@@ -169,7 +169,8 @@ def t5_relative_position_bucket(
     per = 4 if bidirectional else 2
     if not max_distance > num_buckets // per:
         raise ValueError(f"t5_relative_position_bucket: max_distance={max_distance} must exceed the exact-offset "
-                         f"range {num_buckets // per} (num_buckets // {per}{' when bidirectional' if per == 4 else ''})")
+                         f"range {num_buckets // per} (num_buckets // {per}"
+                         f"{' when bidirectional' if per == 4 else ''})")
     ret = jnp.zeros_like(relative_position, dtype=jnp.int32)
     n = -jnp.asarray(relative_position, jnp.int32)
     if bidirectional:
