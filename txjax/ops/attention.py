@@ -241,7 +241,7 @@ def dot_product_attention(
     k and v may have fewer heads K than q's N (grouped-query attention, K dividing N):
     query head n then uses key/value head n // (N / K), as if each were repeated.
 
-    `bias` is additive and broadcastable to [B, N, T, S]: any sum of
+    `bias` is additive, rank 4 and broadcastable to [B, N, T, S]: any sum of
     `mask_to_bias(causal & padding)`, a T5 relative bias and an ALiBi bias.
     `scale` defaults to 1/sqrt(H); T5 checkpoints use 1.0. Softmax runs in
     float32; the output has v's dtype. `implementation`: "reference" (the
