@@ -18,6 +18,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from txjax.decoding import generate, new_cache
@@ -137,7 +138,12 @@ def beam_search(
     if max_new_tokens == 0:
         return prefix_BT, jnp.zeros(prefix_BT.shape[:1], jnp.float32)
     graphdef, state = nnx.split(nnx.view(model, only=nnx.Dropout, deterministic=True))
-    return _beam_loop(
+    tokens, score = _beam_loop(
         graphdef, state, source_BS, prefix_BT, max_new_tokens=max_new_tokens, num_beams=num_beams,
         length_penalty=float(length_penalty), eos_id=eos_id, pad_id=0 if pad_id is None else pad_id,
     )
+    if not np.all(np.isfinite(np.asarray(score))):
+        rows = np.flatnonzero(~np.isfinite(np.asarray(score))).tolist()
+        raise FloatingPointError(f"beam_search: rows {rows} got no finite beam: the best beam's score is not "
+                                 "finite (NaN logits); the model's parameters or activations are not finite")
+    return tokens, score

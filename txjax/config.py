@@ -11,6 +11,7 @@ made, so a bad value fails here and not deep inside XLA.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 from txjax.ops.activations import ACTIVATIONS
@@ -26,6 +27,22 @@ DTYPES = ("float32", "bfloat16")
 GRAD_FORMS = ("auto", "autodiff", "xla_cpu")
 
 
+def _is_int(value) -> bool:
+    """An int that is not a bool (True would pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite_above(value, low: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > low
+
+
+def check_vocab_id(config, name: str, value: int | None) -> None:
+    """ValueError unless `value` (a special token id; None allowed) is in [0, vocab_size)."""
+    if value is not None and not (_is_int(value) and 0 <= value < config.vocab_size):
+        raise ValueError(f"{type(config).__name__}: {name}={value!r} is outside the vocabulary "
+                         f"[0, {config.vocab_size})")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExecutionConfig:
     """How a model runs: none of these change what it computes, only the order of float sums."""
@@ -39,8 +56,7 @@ class ExecutionConfig:
         for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("grad_forms", GRAD_FORMS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ExecutionConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
-        if self.causal_block_size is not None and (
-                not isinstance(self.causal_block_size, int) or self.causal_block_size < 1):
+        if self.causal_block_size is not None and (not _is_int(self.causal_block_size) or self.causal_block_size < 1):
             raise ValueError(f"causal_block_size must be a positive int or None, got {self.causal_block_size!r}")
 
     def xla_cpu_grads(self, backend: str) -> bool:
@@ -112,15 +128,26 @@ class TransformerConfig:
                 raise ValueError(
                     f"{type(self).__name__}.{name}={getattr(self, name)!r} is not one of {allowed}"
                 )
+        if self.head_dim is not None and (not _is_int(self.head_dim) or self.head_dim < 1):
+            raise ValueError(f"{type(self).__name__}.head_dim must be a positive int or None, got {self.head_dim!r}")
+        for name, low, rule in (("norm_eps", 0.0, "> 0"), ("rope_base", 1.0, "> 1")):
+            if not _finite_above(getattr(self, name), low):
+                raise ValueError(
+                    f"{type(self).__name__}.{name} must be a finite number {rule}, got {getattr(self, name)!r}")
+        if self.attention_scale is not None and not _finite_above(self.attention_scale, 0.0):
+            raise ValueError(f"{type(self).__name__}.attention_scale must be a finite number > 0 or None, "
+                             f"got {self.attention_scale!r}")
         if self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
                 "set head_dim explicitly"
             )
-        if self.num_buckets < 4 or self.max_distance <= self.num_buckets // 2:
+        if (not _is_int(self.num_buckets) or self.num_buckets < 4 or not _is_int(self.max_distance)
+                or self.max_distance <= self.num_buckets // 2):
             # T5's buckets: half exact, half logarithmic up to max_distance, whose log(max_distance / max_exact)
             # must be positive (max_exact is num_buckets // 2, or // 4 per direction when bidirectional).
-            raise ValueError(f"num_buckets={self.num_buckets} must be >= 4 and max_distance={self.max_distance} "
+            raise ValueError(f"num_buckets={self.num_buckets!r} must be an int >= 4 and "
+                             f"max_distance={self.max_distance!r} "
                              f"> num_buckets // 2 = {self.num_buckets // 2}")
         if self.random_positions is not None:
             if not isinstance(self.random_positions, int) or self.random_positions < 1:
@@ -134,8 +161,7 @@ class TransformerConfig:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
+        check_vocab_id(self, "pad_id", self.pad_id)
         if not isinstance(self.fire_mlp_width, int) or self.fire_mlp_width < 1:
             raise ValueError(f"fire_mlp_width must be a positive int, got {self.fire_mlp_width!r}")
         if not self.fire_threshold > 0:
@@ -208,6 +234,11 @@ class BertConfig(TransformerConfig):
     family: ClassVar[str] = "bert"
     bidirectional_stack: ClassVar[bool] = True
 
+    def __post_init__(self):
+        super().__post_init__()
+        if not _is_int(self.type_vocab_size) or self.type_vocab_size < 1:
+            raise ValueError(f"BertConfig.type_vocab_size must be a positive int, got {self.type_vocab_size!r}")
+
     @classmethod
     def bert_base(cls, **changes) -> "BertConfig":
         """bert-base-uncased: 12 layers, D 768, 12 heads, vocab 30522, 512 positions."""
@@ -233,6 +264,14 @@ class T5Config(TransformerConfig):
 
     family: ClassVar[str] = "t5"
     bidirectional_stack: ClassVar[bool] = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_vocab_id(self, "eos_id", self.eos_id)
+        check_vocab_id(self, "decoder_start_id", self.decoder_start_id)
+        layers = self.num_decoder_layers
+        if layers is not None and (not _is_int(layers) or layers < 1):
+            raise ValueError(f"T5Config.num_decoder_layers must be a positive int or None, got {layers!r}")
 
     @property
     def decoder_layers(self) -> int:

@@ -26,17 +26,26 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from txjax.config import GPTConfig
 from txjax.models import GPT, T5
 from txjax.nn import check_tokens
+from txjax.nn.layers import is_concrete
+
+MIN_TEMPERATURE = 1e-6
+"""The smallest temperature > 0: below it logits / temperature overflow float32 (use 0 for greedy)."""
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """ValueError for a negative temperature, top_k < 1 or top_p outside (0, 1]."""
+    """ValueError for a negative temperature or one in (0, MIN_TEMPERATURE), top_k < 1 or top_p
+    outside (0, 1]."""
     if not temperature >= 0.0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if 0.0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature={temperature} is below the floor {MIN_TEMPERATURE} (logits / temperature "
+                         "would overflow); use 0 for greedy")
     if top_k is not None and (int(top_k) != top_k or top_k < 1):
         raise ValueError(f"top_k must be an int >= 1 or None, got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
@@ -87,12 +96,20 @@ def sample_logits(
     top_p: float | None = None,
 ) -> jax.Array:
     """One token id per row, int32 [B]: argmax at temperature 0, else a draw from
-    softmax(`filter_logits(...)`) with `key`."""
+    softmax(`filter_logits(...)`) with `key`.
+
+    A row with no usable logit (any NaN, or every logit -inf) gets -1, never a real id:
+    argmax and the draw would both make token 0 of it. `generate` raises when a row does.
+    """
     check_sampling(temperature, top_k, top_p)
+    logits_BV = jnp.asarray(logits_BV)
     if temperature == 0.0:
-        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    filtered_BV = filter_logits(logits_BV, temperature, top_k, top_p)
-    return jax.random.categorical(key, filtered_BV, axis=-1).astype(jnp.int32)
+        token_B, usable_BV = jnp.argmax(logits_BV, axis=-1), logits_BV
+    else:
+        usable_BV = filter_logits(logits_BV, temperature, top_k, top_p)
+        token_B = jax.random.categorical(key, usable_BV, axis=-1)
+    bad_B = jnp.any(jnp.isnan(logits_BV), axis=-1) | jnp.all(usable_BV == -jnp.inf, axis=-1)
+    return jnp.where(bad_B, -1, token_B).astype(jnp.int32)
 
 
 def new_cache(model: GPT | T5, source_BS: jax.Array | None, batch: int, length: int, lengths_B=None):
@@ -114,6 +131,38 @@ def check_prompt_lengths(prompt_lengths, batch: int, width: int) -> jax.Array:
     if lo < 1 or hi > width:
         raise ValueError(f"prompt_lengths must lie in [1, {width}] (the prompt's width), got [{lo}, {hi}]")
     return lengths_B.astype(jnp.int32)
+
+
+def check_no_pads(prompt_BT: jax.Array, pad_id: int | None, lengths_B: jax.Array | None) -> None:
+    """A GPT hides keys equal to `config.pad_id`, so a pad inside a prompt is never text: refused
+    (concrete prompts) with a pointer to prompt_lengths, the way to batch prompts of different lengths."""
+    if pad_id is None or not is_concrete(prompt_BT):
+        return
+    ids_BT = np.asarray(prompt_BT)
+    real_BT = np.ones(ids_BT.shape, bool) if lengths_B is None else (
+        np.arange(ids_BT.shape[1])[None, :] < np.asarray(lengths_B)[:, None])
+    hits = np.argwhere((ids_BT == pad_id) & real_BT)
+    if not hits.size:
+        return
+    row, col = map(int, hits[0])
+    if lengths_B is None:
+        raise ValueError(f"prompt row {row} holds pad_id={pad_id} at position {col} (the model never attends to "
+                         "pads, and generation would continue after them); for prompts of different lengths, "
+                         "left-align them and pass prompt_lengths (each row's real length)")
+    raise ValueError(f"prompt row {row} holds pad_id={pad_id} at position {col}, inside its first "
+                     f"{int(np.asarray(lengths_B)[row])} tokens (prompt_lengths); the model never attends to pads")
+
+
+def check_finite_tokens(out_BL: jax.Array, start: int) -> jax.Array:
+    """out_BL, or FloatingPointError if `sample_logits` marked a new token -1 (no usable logit)."""
+    bad_BL = np.asarray(out_BL[:, start:] < 0)
+    if bad_BL.any():
+        rows = np.flatnonzero(bad_BL.any(axis=1)).tolist()
+        first = int(np.argmax(bad_BL[rows[0]]))
+        raise FloatingPointError(
+            f"generate: rows {rows} had no usable logit (NaN, or all -inf) for new token {first} of row {rows[0]} "
+            "and later; the model's parameters or activations are not finite")
+    return out_BL
 
 
 def shift_rows(x_BL: jax.Array, shift_B: jax.Array, fill: int) -> jax.Array:
@@ -208,6 +257,11 @@ def generate(
     emits `pad_id` (default: `config.pad_id`, else `eos_id`); the loop ends early once
     every row has. eos_id None: no stop for GPT, `config.eos_id` for T5. Dropout is
     off. use_cache=False recomputes the full forward at every step (the baseline).
+
+    Refused: temperatures in (0, 1e-6) (`MIN_TEMPERATURE`); a GPT prompt holding
+    `config.pad_id` within its real tokens (pass `prompt_lengths` for prompts of different
+    lengths). A row whose logits are ever all NaN / -inf (`sample_logits` gives -1) raises
+    FloatingPointError after the loop, naming the rows: no made-up tokens.
     """
     if not isinstance(model, (GPT, T5)):
         raise TypeError(f"generate supports GPT and T5 models, got {type(model).__name__}")
@@ -242,6 +296,8 @@ def generate(
         if value is not None and not 0 <= value < config.vocab_size:
             raise ValueError(f"{name}={value} is outside the vocabulary [0, {config.vocab_size})")
     lengths_B = None if prompt_lengths is None else check_prompt_lengths(prompt_lengths, b, t)
+    if not is_t5:  # a T5 encoder masks its pads, so right-padded inputs are how it batches
+        check_no_pads(prompt_BT, config.pad_id, lengths_B)
     start_B = None if lengths_B is None or is_t5 else t - lengths_B
     fill = 0 if pad_id is None else pad_id
     if start_B is not None:
@@ -256,6 +312,7 @@ def generate(
         top_p=None if top_p is None else float(top_p),
         use_cache=bool(use_cache), eos_id=eos_id, pad_id=pad_id,
     )
+    check_finite_tokens(out_BL, prefix_BT.shape[1])
     return out_BL if start_B is None else shift_rows(out_BL, -start_B, fill)
 
 

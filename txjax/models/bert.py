@@ -45,10 +45,10 @@ class Bert(Model):
     def embed_tokens(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None,
                      positions_T: jax.Array | None = None) -> jax.Array:
         """Token + segment + absolute position embeddings, normed: what enters the first block."""
-        check_tokens(tokens_BT, self.config.vocab_size)
+        tokens_BT = check_tokens(tokens_BT, self.config.vocab_size)
         if segment_ids_BT is None:
             segment_ids_BT = jnp.zeros_like(tokens_BT)
-        elif segment_ids_BT.shape != tokens_BT.shape:
+        elif (segment_ids_BT := jnp.asarray(segment_ids_BT)).shape != tokens_BT.shape:
             raise ValueError(
                 f"segment_ids {segment_ids_BT.shape} must have the shape of tokens {tokens_BT.shape}"
             )
@@ -62,7 +62,7 @@ class Bert(Model):
     def encode(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None,
                document_ids_BT: jax.Array | None = None) -> jax.Array:
         """Contextual embeddings h_BTD (before the MLM head)."""
-        check_tokens(tokens_BT, self.config.vocab_size)
+        tokens_BT = check_tokens(tokens_BT, self.config.vocab_size)
         if document_ids_BT is not None:
             document_ids_BT = check_document_ids(document_ids_BT, tokens_BT.shape)
         positions_T = self.positions(tokens_BT, document_ids_BT=document_ids_BT)

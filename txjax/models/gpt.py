@@ -40,7 +40,7 @@ class GPT(Model):
     def forward(self, tokens_BT: jax.Array, cache: KVCache | None = None,
                 document_ids_BT: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """(logits_BTV, cache): the whole sequence, or (with a cache) the T tokens after it."""
-        check_tokens(tokens_BT, self.config.vocab_size)
+        tokens_BT = check_tokens(tokens_BT, self.config.vocab_size)
         if document_ids_BT is not None:
             document_ids_BT = check_document_ids(document_ids_BT, tokens_BT.shape)
         positions_T = self.positions(tokens_BT, cache, document_ids_BT)

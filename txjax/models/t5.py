@@ -34,7 +34,7 @@ class T5(Model):
                lengths_B: jax.Array | None = None) -> jax.Array:
         """enc_tokens_BS -> enc_BSD, the final (normed) encoder output; document_ids_BS as in
         `__call__`, lengths_B (int [B]): only each row's first L_b tokens are read."""
-        check_tokens(enc_tokens_BS, self.config.vocab_size, "encoder tokens")
+        enc_tokens_BS = check_tokens(enc_tokens_BS, self.config.vocab_size, "encoder tokens")
         if document_ids_BS is not None:
             document_ids_BS = check_document_ids(document_ids_BS, enc_tokens_BS.shape, "enc_document_ids")
         positions_S = self.positions(enc_tokens_BS, document_ids_BT=document_ids_BS)
@@ -55,7 +55,7 @@ class T5(Model):
                         enc_document_ids_BS: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """(logits_BTV, cache): the decoder over the whole sequence and enc_BSD, or (with a cache
         from `init_cache`) the T tokens after what it holds."""
-        check_tokens(dec_tokens_BT, self.config.vocab_size, "decoder tokens")
+        dec_tokens_BT = check_tokens(dec_tokens_BT, self.config.vocab_size, "decoder tokens")
         if (document_ids_BT is None) != (enc_document_ids_BS is None):
             raise ValueError("packed T5 inputs need document ids for both the encoder and the decoder")
         if document_ids_BT is not None:
@@ -71,6 +71,7 @@ class T5(Model):
                dec_document_ids_BT: jax.Array | None = None,
                enc_document_ids_BS: jax.Array | None = None) -> jax.Array:
         """Decoder logits given the encoder output; enc_tokens_BS gives the cross padding mask."""
+        dec_tokens_BT, enc_tokens_BS = jnp.asarray(dec_tokens_BT), jnp.asarray(enc_tokens_BS)
         if enc_BSD.ndim != 3 or enc_BSD.shape[0] != dec_tokens_BT.shape[0]:
             raise ValueError(
                 f"encoder output {enc_BSD.shape} does not match decoder tokens {dec_tokens_BT.shape}"
@@ -88,6 +89,7 @@ class T5(Model):
         lengths_B: only each row's first L_b encoder tokens are read (inputs of different lengths).
         """
         c = self.config
+        enc_tokens_BS = jnp.asarray(enc_tokens_BS)
         enc_BSD = self.encode(enc_tokens_BS, lengths_B=lengths_B)
         cross = [block.cross_attn.project_kv(enc_BSD) for block in self.decoder.blocks]
         valid_BS = self.encoder_valid(enc_tokens_BS, lengths_B)
@@ -114,5 +116,6 @@ class T5(Model):
         decoder attention stay inside each document, decoder tokens read only their own
         document's encoder tokens, and positions restart at 0 at each document.
         """
+        enc_tokens_BS = jnp.asarray(enc_tokens_BS)
         enc_BSD = self.encode(enc_tokens_BS, enc_document_ids_BS)
         return self.decode(dec_tokens_BT, enc_BSD, enc_tokens_BS, dec_document_ids_BT, enc_document_ids_BS)

@@ -10,21 +10,19 @@ from flax import nnx
 from txjax import ops
 from txjax.config import ExecutionConfig, TransformerConfig
 from txjax.ops import xla_cpu
+from txjax.ops.checks import is_concrete  # noqa: F401 (nn's modules import it from here)
 
 INIT = nnx.initializers.normal(stddev=0.02)
 
 
-def is_concrete(x) -> bool:
-    """True when `x` holds values we can inspect now (not a tracer under jit)."""
-    return not isinstance(x, jax.core.Tracer)
-
-
-def check_tokens(tokens: jax.Array, vocab_size: int, name: str = "tokens") -> None:
-    """Rank and dtype always; the id range too when the values are concrete.
+def check_tokens(tokens, vocab_size: int, name: str = "tokens") -> jax.Array:
+    """The ids as an array (lists accepted): rank and dtype always; the id range too when the
+    values are concrete.
 
     Under jit the ids are unknown at trace time; `Embed` then looks out-of-range ids
-    up as NaN (never a clamped row), so a bad id poisons the loss instead of hiding.
+    (negative ones included) up as NaN, never another row, so a bad id poisons the loss.
     """
+    tokens = jnp.asarray(tokens)
     if tokens.ndim != 2:
         raise ValueError(f"{name} must be [B, T], got shape {tokens.shape}")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -34,6 +32,7 @@ def check_tokens(tokens: jax.Array, vocab_size: int, name: str = "tokens") -> No
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} has ids in [{lo}, {hi}], outside the vocabulary [0, {vocab_size})")
+    return tokens
 
 
 def check_document_ids(document_ids_BT: jax.Array, shape: tuple[int, ...], name: str = "document_ids") -> jax.Array:
@@ -63,6 +62,10 @@ class Embed(nnx.Module):
         self.embedding = nnx.Param(INIT(rngs.params(), (num_embeddings, features)))
 
     def __call__(self, ids: jax.Array) -> jax.Array:
+        """Rows [..., D]; an id outside [0, V) gives a NaN row. jnp.take wraps negative ids
+        (-1 is row V-1) before mode="fill" sees them, so they are moved past the end first."""
+        ids = jnp.asarray(ids)
+        ids = jnp.where(ids < 0, self.num_embeddings, ids)
         rows = jnp.take(self.embedding[...], ids, axis=0, mode="fill", fill_value=jnp.nan)
         return rows.astype(self.dtype)
 

@@ -7,9 +7,10 @@ import math
 import einops
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from txjax.ops.checks import check_float, is_concrete
 from txjax.ops.positions import relative_positions
-
 
 
 def causal_mask(t: int, s: int | None = None) -> jax.Array:
@@ -84,7 +85,11 @@ def merge_heads(x_BTNH: jax.Array) -> jax.Array:
     return einops.rearrange(x_BTNH, "B T N H -> B T (N H)")
 
 
-def _check_qk(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array | None = None) -> None:
+def _check_qk(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array | None = None, bias=None) -> None:
+    """Shapes and dtypes: q [B, T, N, H], k and v [B, S, K, H] (K dividing N), all floating point;
+    `bias` (if any) a float [B|1, N|1, T|1, S|1]. Rank 4 exactly: a [B, T, S] bias would
+    broadcast as if its first axis were the heads."""
+    check_float("attention", "q, k and v", *(x for x in (q_BTNH, k_BSKH, v_BSKH) if x is not None))
     if v_BSKH is not None and v_BSKH.shape != k_BSKH.shape:
         raise ValueError(f"attention: k {k_BSKH.shape} and v {v_BSKH.shape} must have one shape")
     if q_BTNH.ndim != 4 or k_BSKH.ndim != 4:
@@ -98,6 +103,36 @@ def _check_qk(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array | None = N
             f"attention: q {q_BTNH.shape} and k {k_BSKH.shape} disagree in batch or head width, "
             f"or k's heads do not divide q's"
         )
+    if bias is None:
+        return
+    if bias.dtype == jnp.bool_:
+        raise ValueError("attention: bias is boolean (a mask); pass ops.mask_to_bias(mask), which is 0 where "
+                         "the mask is True and -inf where it is False")
+    check_float("attention", "bias", bias)
+    full = (q_BTNH.shape[0], q_BTNH.shape[2], q_BTNH.shape[1], k_BSKH.shape[1])
+    if bias.ndim != 4 or any(d not in (1, f) for d, f in zip(bias.shape, full)):
+        raise ValueError(f"attention: bias of shape {bias.shape} must be rank 4, [B|1, N|1, T|1, S|1] = "
+                         f"[{'|1, '.join(map(str, full))}|1]")
+
+
+def _check_block_size(causal_block_size) -> None:
+    if causal_block_size is not None and (
+            isinstance(causal_block_size, bool) or not isinstance(causal_block_size, int) or causal_block_size < 1):
+        raise ValueError(f"attention: causal_block_size must be a positive int or None, got {causal_block_size!r}")
+
+
+def _check_causal(bias: jax.Array | None, t: int, causal_block_size: int) -> None:
+    """Blocks skip the keys after each query, so the bias must hide them: refused when it is None
+    or (concrete) not -inf there; a traced bias is the caller's promise."""
+    if bias is None:
+        raise ValueError(f"attention: causal_block_size={causal_block_size} skips the keys after each query, "
+                         "but bias is None; pass a causal bias (mask_to_bias(causal_mask(T)) + ...) or no blocks")
+    if is_concrete(bias):
+        later_TS = np.triu(np.ones((t, t), bool), 1)
+        bias_BNTS = np.broadcast_to(np.asarray(bias), bias.shape[:2] + (t, t))
+        if not np.all(bias_BNTS[..., later_TS] == -np.inf):
+            raise ValueError(f"attention: causal_block_size={causal_block_size} needs a causal bias, but this one "
+                             "is not -inf at every key after its query; blocks would change the result")
 
 
 def scores(q_BNTH: jax.Array, k_BNSH: jax.Array) -> jax.Array:
@@ -116,7 +151,7 @@ def _softmax_weights(q_BNTH: jax.Array, k_BNSH: jax.Array, bias: jax.Array | Non
     scores_BNTS = qk(q_BNTH, k_BNSH) * scale
     if bias is not None:
         scores_BNTS = scores_BNTS + bias.astype(jnp.float32)
-    max_BNT1 = jnp.max(scores_BNTS, axis=-1, keepdims=True)
+    max_BNT1 = jnp.max(scores_BNTS, axis=-1, keepdims=True, initial=-jnp.inf)  # -inf over no keys (S = 0)
     max_BNT1 = jax.lax.stop_gradient(jnp.where(jnp.isfinite(max_BNT1), max_BNT1, 0.0))
     exp_BNTS = jnp.exp(scores_BNTS - max_BNT1)
     denom_BNT1 = jnp.sum(exp_BNTS, axis=-1, keepdims=True)
@@ -142,6 +177,11 @@ def _group_queries(q_BNTH: jax.Array, k: int, bias: jax.Array | None):
     return q_BKMH, jnp.reshape(bias_BKGTS, (bb, heads[0], g * t, bs))
 
 
+def _arrays(*xs):
+    """jnp arrays (lists and NumPy arrays taken as such), None kept."""
+    return tuple(None if x is None else jnp.asarray(x) for x in xs)
+
+
 def _default_scale(q: jax.Array, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
@@ -162,7 +202,8 @@ def attention_weights(
     gradient is zero too: the row maximum is replaced by 0 where it is -inf and
     the denominator by 1 where it is 0, so no inf - inf or 0 / 0 is ever formed.
     """
-    _check_qk(q_BTNH, k_BSNH)
+    q_BTNH, k_BSNH, bias = _arrays(q_BTNH, k_BSNH, bias)
+    _check_qk(q_BTNH, k_BSNH, bias=bias)
     b, t, n, _ = q_BTNH.shape
     q_BKMH, bias = _group_queries(_heads_major(q_BTNH), k_BSNH.shape[2], bias)
     weights_BKMS = _softmax_weights(q_BKMH, _heads_major(k_BSNH), bias, _default_scale(q_BTNH, scale))
@@ -200,7 +241,7 @@ def dot_product_attention(
     k and v may have fewer heads K than q's N (grouped-query attention, K dividing N):
     query head n then uses key/value head n // (N / K), as if each were repeated.
 
-    `bias` is additive and broadcastable to [B, N, T, S]: any sum of
+    `bias` is additive, rank 4 and broadcastable to [B, N, T, S]: any sum of
     `mask_to_bias(causal & padding)`, a T5 relative bias and an ALiBi bias.
     `scale` defaults to 1/sqrt(H); T5 checkpoints use 1.0. Softmax runs in
     float32; the output has v's dtype. `implementation`: "reference" (the
@@ -212,14 +253,21 @@ def dot_product_attention(
     size and each block attends only to the keys up to its last query, so the
     fully masked blocks above the diagonal are never computed: with k blocks,
     (k + 1) / 2k of the scores, softmax and their gradients. Same result (masked
-    keys weigh exactly 0); only the order of float additions can differ.
+    keys weigh exactly 0); only the order of float additions can differ. A bias that is None,
+    or concrete and not -inf above the diagonal, is refused; a traced one is trusted.
+
+    Refused with a ValueError: non-float q, k, v or bias, a boolean bias (a mask: pass
+    `mask_to_bias(mask)`), a bias not of rank 4 [B|1, N|1, T|1, S|1]. No keys at all (S = 0)
+    give zeros, as a fully masked row does.
     """
+    q_BTNH, k_BSNH, v_BSNH, bias = _arrays(q_BTNH, k_BSNH, v_BSNH, bias)
+    _check_block_size(causal_block_size)
     if implementation in ("xla", "cudnn"):
-        _check_qk(q_BTNH, k_BSNH, v_BSNH)
+        _check_qk(q_BTNH, k_BSNH, v_BSNH, bias)
         if causal_block_size is not None and q_BTNH.shape[1] > causal_block_size:
             bounds = causal_block_bounds(q_BTNH.shape[1], causal_block_size)
             return _causal_blocks(bounds, q_BTNH, k_BSNH, v_BSNH, bias, lambda q, k, v, b: (
-                xla_dot_product_attention(q, k, v, b, scale, implementation)), axis=1)
+                xla_dot_product_attention(q, k, v, b, scale, implementation)), axis=1, size=causal_block_size)
         return xla_dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, implementation)
     if implementation != "reference":
         raise ValueError(f"attention implementation {implementation!r} is not one of {IMPLEMENTATIONS}")
@@ -234,7 +282,9 @@ def reference_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, causal_bl
     contiguous for the batched matmuls (XLA:CPU ran `BNTS,BSNH->BTNH` on the strided
     layout at half speed). With K < N key heads the queries are grouped (`_group_queries`).
     """
-    _check_qk(q_BTNH, k_BSNH, v_BSNH)
+    q_BTNH, k_BSNH, v_BSNH, bias = _arrays(q_BTNH, k_BSNH, v_BSNH, bias)
+    _check_block_size(causal_block_size)
+    _check_qk(q_BTNH, k_BSNH, v_BSNH, bias)
     scale = _default_scale(q_BTNH, scale)
     q_BNTH, k_BKSH, v_BKSH = (_heads_major(x) for x in (q_BTNH, k_BSNH, v_BSNH))
 
@@ -247,19 +297,18 @@ def reference_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, causal_bl
     t = q_BTNH.shape[1]
     if causal_block_size is not None and t > causal_block_size:
         out_BNTH = _causal_blocks(causal_block_bounds(t, causal_block_size),
-                                  q_BNTH, k_BKSH, v_BKSH, bias, attend, axis=2)
+                                  q_BNTH, k_BKSH, v_BKSH, bias, attend, axis=2, size=causal_block_size)
     else:
         out_BNTH = attend(q_BNTH, k_BKSH, v_BKSH, bias)
     return _heads_major(out_BNTH)
 
 
-def _causal_blocks(bounds, q, k, v, bias, attend, axis: int) -> jax.Array:
+def _causal_blocks(bounds, q, k, v, bias, attend, axis: int, size: int) -> jax.Array:
     """attend() per query block [t0, t1) over keys [0, t1), concatenated; T is `axis`."""
     t, s = q.shape[axis], k.shape[axis]
     if s != t:
         raise ValueError(f"attention: causal blocks need as many keys as queries, got T={t}, S={s}")
-    if bias is not None:
-        bias = jnp.reshape(bias, (1,) * (4 - jnp.ndim(bias)) + jnp.shape(bias))
+    _check_causal(bias, t, size)
     take = lambda x, a, b: jax.lax.slice_in_dim(x, a, b, axis=axis)
     outs = [
         attend(take(q, t0, t1), take(k, 0, t1), take(v, 0, t1),

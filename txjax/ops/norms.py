@@ -5,10 +5,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from txjax.ops.checks import check_float
 
-def _check_scale(x: jax.Array, scale: jax.Array, name: str) -> None:
-    if jnp.shape(scale) != x.shape[-1:]:
-        raise ValueError(f"{name}: scale of shape {jnp.shape(scale)} does not fit input width {x.shape[-1]}")
+
+def _check(x, scale, bias, name: str) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """x, scale, bias as arrays: x floating point, scale and bias [D] for x's width D."""
+    x, scale = jnp.asarray(x), jnp.asarray(scale)
+    bias = None if bias is None else jnp.asarray(bias)
+    check_float(name, "x", x)
+    if x.ndim == 0:
+        raise ValueError(f"{name}: x must have a feature axis, got a scalar")
+    for what, v in (("scale", scale), ("bias", bias)):
+        if v is not None and v.shape != x.shape[-1:]:
+            raise ValueError(f"{name}: {what} of shape {v.shape} does not fit input width {x.shape[-1]}")
+    return x, scale, bias
 
 
 def _lift(v: jax.Array, ndim: int) -> jax.Array:
@@ -22,7 +32,7 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: floa
     The variance is the biased one (divide by D), as in the notes and in PyTorch's
     `nn.LayerNorm`.
     """
-    _check_scale(x, scale, "layer_norm")
+    x, scale, bias = _check(x, scale, bias, "layer_norm")
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
@@ -34,7 +44,7 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: floa
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
     """x / sqrt(mean(x^2) + eps) * scale: no mean subtraction, no bias (T5, Llama)."""
-    _check_scale(x, scale, "rms_norm")
+    x, scale, _ = _check(x, scale, None, "rms_norm")
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps) * _lift(scale, x.ndim)
     return y.astype(x.dtype)

@@ -103,6 +103,15 @@ def rope_angles(positions_T: jax.Array, head_dim: int, base: float = 10000.0, sc
     return positions[..., None] * inv_freq_K.reshape((1,) * positions.ndim + (-1,))
 
 
+def check_rotary_positions(name: str, x_BTNH: jax.Array, positions) -> None:
+    """ValueError unless positions are [T] or [B|1, T] for x [B, T, N, H]: one per token."""
+    shape = jnp.shape(positions)
+    b, t = x_BTNH.shape[:2] if x_BTNH.ndim == 4 else (None, None)
+    if x_BTNH.ndim != 4 or not (shape == (t,) or (len(shape) == 2 and shape[1] == t and shape[0] in (1, b))):
+        raise ValueError(f"{name}: positions of shape {shape} do not fit x of shape {x_BTNH.shape}: "
+                         f"expected [T] = [{t}] or [B|1, T] = [{b}|1, {t}] (x is [B, T, N, H])")
+
+
 def apply_rope(x_BTNH: jax.Array, positions_T: jax.Array, base: float = 10000.0, scaling: str | None = None,
                factor: float = 1.0, original_max_len: int | None = None) -> jax.Array:
     """Rotary embedding, rotate-half layout (GPT-NeoX, Llama), optionally scaled for longer contexts.
@@ -112,6 +121,7 @@ def apply_rope(x_BTNH: jax.Array, positions_T: jax.Array, base: float = 10000.0,
     `scaling` ("linear", "ntk", "yarn") with `factor` s > 1 stretches the context s
     times (see `rope_inv_freq`); YaRN also multiplies by `rope_attention_factor`.
     """
+    check_rotary_positions("apply_rope", x_BTNH, positions_T)
     angles_BTK = rope_angles(positions_T, x_BTNH.shape[-1], base, scaling, factor, original_max_len)
     mscale = rope_attention_factor(scaling, factor)
     return rotate_half(x_BTNH, angles_BTK, None if mscale == 1.0 else jnp.full_like(angles_BTK, mscale))
@@ -132,6 +142,7 @@ def apply_xpos(x_BTNH: jax.Array, positions_T: jax.Array, base: float = 10000.0,
     `scaling` stretches the rotation as in `apply_rope`; the decay keeps the raw positions.
     Positions are absolute (torchscale centres them on the sequence: the same q . k).
     """
+    check_rotary_positions("apply_xpos", x_BTNH, positions_T)
     angles_BTK = rope_angles(positions_T, x_BTNH.shape[-1], base, scaling, factor, original_max_len)
     power_BTK = jnp.asarray(positions_T, jnp.float32)[..., None] / (-scale_base if downscale else scale_base)
     zeta_BTK = xpos_zeta(x_BTNH.shape[-1]).reshape((1,) * (power_BTK.ndim - 1) + (-1,))
@@ -150,7 +161,16 @@ def t5_relative_position_bucket(
     Half the buckets (per direction, when bidirectional) hold exact offsets 0..max_exact-1;
     the rest grow logarithmically up to `max_distance`, beyond which all offsets share
     the last bucket. Unidirectional: keys after the query all fall in bucket 0.
+    num_buckets must be an int >= 4 and max_distance must exceed max_exact (num_buckets // 4
+    bidirectional, // 2 otherwise): log(max_distance / max_exact) divides the log buckets.
     """
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 4:
+        raise ValueError(f"t5_relative_position_bucket: num_buckets must be an int >= 4, got {num_buckets!r}")
+    per = 4 if bidirectional else 2
+    if not max_distance > num_buckets // per:
+        raise ValueError(f"t5_relative_position_bucket: max_distance={max_distance} must exceed the exact-offset "
+                         f"range {num_buckets // per} (num_buckets // {per}"
+                         f"{' when bidirectional' if per == 4 else ''})")
     ret = jnp.zeros_like(relative_position, dtype=jnp.int32)
     n = -jnp.asarray(relative_position, jnp.int32)
     if bidirectional:
