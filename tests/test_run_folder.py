@@ -100,3 +100,24 @@ def test_overwrite_with_a_missing_data_file_keeps_the_old_run(tmp_path, capsys):
                                        "--overwrite", "true", "--data", str(tmp_path / "missing.npz")])
     assert "missing.npz" in capsys.readouterr().err
     assert (old / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_a_stray_empty_step_and_garbled_metadata_are_named_not_tracebacks(tmp_path):
+    """An empty `checkpoints/8` is passed over as incomplete; garbled JSON metadata fails its digest."""
+    from txjax.train.steps import Stepper
+
+    state = Stepper(tiny_model(), gpt_loss, CFG).init_state()
+    writer = Checkpointer(tmp_path / "ck", log=lambda *_: None)
+    writer.save(2, state, {"note": "x"})
+    writer.close()
+    (tmp_path / "ck" / "8").mkdir()
+    lines = []
+    reader = Checkpointer(tmp_path / "ck", read_only=True, log=lines.append)
+    assert reader.read_meta() == {"note": "x"}
+    assert "step 8 (incomplete: no state or meta written); using step 2" in lines[0]
+    reader.close()
+    (tmp_path / "ck" / "2" / "meta" / "metadata").write_text("{garbled")
+    reader = Checkpointer(tmp_path / "ck", read_only=True)
+    with pytest.raises(CheckpointDamaged, match="2 \\(meta/metadata differs from what was saved\\)"):
+        reader.read_meta()
+    reader.close()

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from txjax.argtypes import at_least
 from txjax import cost
 from txjax.config import CONFIGS, ExecutionConfig, TransformerConfig
 from txjax.models import MODELS
@@ -243,16 +244,16 @@ def format_table(config: TransformerConfig, result: dict, execution: ExecutionCo
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m txjax.bench", description=__doc__.splitlines()[0])
     p.add_argument("--arch", choices=sorted(CONFIGS), default="gpt")
-    p.add_argument("--vocab", type=int, default=17)
-    p.add_argument("--seq", type=int, default=197)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--d-ff", type=int, default=512)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--burst", type=int, default=3,
+    p.add_argument("--vocab", type=at_least(1), default=17)
+    p.add_argument("--seq", type=at_least(1), default=197)
+    p.add_argument("--d-model", type=at_least(1), default=128)
+    p.add_argument("--heads", type=at_least(1), default=4)
+    p.add_argument("--layers", type=at_least(1), default=4)
+    p.add_argument("--d-ff", type=at_least(1), default=512)
+    p.add_argument("--batch", type=at_least(1), default=32)
+    p.add_argument("--steps", type=at_least(1), default=20)
+    p.add_argument("--warmup", type=at_least(0), default=3)
+    p.add_argument("--burst", type=at_least(1), default=3,
                    help="peak matmul calls per shape after each step (the first, cold, is not counted)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="compute dtype (config.dtype): bfloat16 is mixed precision, float32 "
@@ -264,7 +265,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "for unblocked, 'config' (default) for the config's own")
     p.add_argument("--grad-forms", choices=("auto", "autodiff", "xla_cpu"), default="auto",
                    help="ExecutionConfig.grad_forms: the float32 matmul gradients' form (auto: xla_cpu on CPU)")
-    p.add_argument("--decode", type=int, default=0, metavar="NEW_TOKENS",
+    p.add_argument("--decode", type=at_least(0), default=0, metavar="NEW_TOKENS",
                    help="also time cached decoding (txjax.decoding.generate) of this many new tokens")
     return p.parse_args(argv)
 

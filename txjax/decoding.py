@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from txjax.argtypes import at_least
 from txjax.config import GPTConfig
 from txjax.models import GPT, T5
 from txjax.nn import check_tokens
@@ -367,9 +368,9 @@ def benchmark(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench", action="store_true", help="time generate on the MNIST GPT")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=196)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=at_least(1), default=16)
+    parser.add_argument("--new-tokens", type=at_least(1), default=196)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     args = parser.parse_args(argv)
     if not args.bench:
         parser.error("nothing to do; pass --bench")

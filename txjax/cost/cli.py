@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from txjax.argtypes import at_least, positive
 from txjax.config import BertConfig, GPTConfig, T5Config, TransformerConfig
 from txjax.cost.counts import flops_per_token, forward_flops, param_counts
 from txjax.cost.intensity import (
@@ -115,10 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m txjax.cost", description=DESCRIPTION)
     parser.add_argument("config", nargs="?", default="gpt2-small",
                         help="gpt2-small | bert-base | t5-small | 7b (the notes' L 32, D 4096 example)")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: max_len)")
-    parser.add_argument("--batch", type=int, default=8, help="batch for the intensity rows")
+    parser.add_argument("--seq", type=at_least(1), default=None, help="sequence length (default: max_len)")
+    parser.add_argument("--batch", type=at_least(1), default=8, help="batch for the intensity rows")
     parser.add_argument("--hardware", default="a100", help="a100 | h100 | h200")
-    parser.add_argument("--bytes", type=float, default=2, help="bytes per element (2: bf16)")
+    parser.add_argument("--bytes", type=positive(float), default=2, help="bytes per element (2: bf16)")
     args = parser.parse_args(argv)
     print(report(named_config(args.config), args.config, args.seq, args.batch,
                  hardware(args.hardware), args.bytes))

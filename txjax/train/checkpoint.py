@@ -90,7 +90,8 @@ class Checkpointer:
         try:
             saved = json.loads((step_dir / DIGESTS).read_text())
         except FileNotFoundError:
-            return None
+            missing = [item for item in ("state", "meta") if not (step_dir / item).is_dir()]
+            return f"incomplete: no {' or '.join(missing)} written" if missing else None
         except (OSError, ValueError) as err:
             return f"unreadable {DIGESTS} ({err})"
         found = _digests(step_dir)

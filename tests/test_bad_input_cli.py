@@ -1,0 +1,27 @@
+"""Command lines: a bad number is one argparse line naming the flag and the rule, not a traceback."""
+
+import pytest
+
+from txjax import bench, decoding
+from txjax.cost import cli as cost_cli
+
+CASES = [
+    (cost_cli.main, ["gpt2-small", "--seq", "0"], "argument --seq: must be >= 1, got 0"),
+    (cost_cli.main, ["gpt2-small", "--batch", "-2"], "argument --batch: must be >= 1, got -2"),
+    (cost_cli.main, ["gpt2-small", "--bytes", "nan"], "argument --bytes: must be > 0, got nan"),
+    (cost_cli.main, ["gpt2-small", "--seq", "ten"], "argument --seq: expected int, got 'ten'"),
+    (bench.main, ["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (bench.main, ["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (bench.main, ["--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
+    (decoding.main, ["--bench", "--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (decoding.main, ["--bench", "--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("main, argv, message", CASES, ids=[" ".join(a) for _, a, _ in CASES])
+def test_bad_numbers_are_one_line_errors(main, argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
