@@ -25,3 +25,15 @@ def test_bad_numbers_are_one_line_errors(main, argv, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_garbled_hugging_face_config_is_one_line_naming_the_file(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text("{garbled")
+    done = subprocess.run([sys.executable, "-m", "txjax.hf", str(tmp_path), "--text", "hi"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (f"error: {tmp_path / 'config.json'} is not valid JSON "
+                                   "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1))")

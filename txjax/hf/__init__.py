@@ -50,7 +50,10 @@ def read_config(path: str) -> dict:
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path} has no config.json")
     with open(file) as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{file} is not valid JSON ({err})") from None
 
 
 def from_pretrained(path: str, execution: ExecutionConfig | None = None) -> GPT | Bert | T5:
