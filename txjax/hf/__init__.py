@@ -6,6 +6,8 @@
 A BERT comes back with the head its weights hold (`BertConfig.head`): an MLM head
 (`model(tokens)` is logits), a pooler or none (`model(tokens)` is the hidden states;
 `model.pooled(h)` the pooler output); `head="none"` reads any BERT as a bare encoder.
+`load_tokenizer(path)` reads the folder's tokenizer.json (or a T5 spiece.model) and
+encodes and decodes as transformers does.
 
 Reading needs `safetensors` (numpy API) but not torch; a `pytorch_model.bin` needs
 torch. Models come back in eval mode (dropout off), as transformers returns them;
@@ -25,15 +27,18 @@ from flax import nnx, traverse_util
 from txjax.config import ExecutionConfig, TransformerConfig
 from txjax.hf._config import UnsupportedConfigError, config_from_hf, config_to_hf
 from txjax.hf._files import CheckpointError, read_tensors, write_safetensors
+from txjax.hf._tokenizer import Tokenizer, load_tokenizer
 from txjax.hf._weights import hf_names, params_from_tensors, prepare, tensors_from_params
 from txjax.models import GPT, MODELS, T5, Bert
 
 __all__ = [
     "CheckpointError",
+    "Tokenizer",
     "UnsupportedConfigError",
     "config_from_hf",
     "config_to_hf",
     "from_pretrained",
+    "load_tokenizer",
     "parameters",
     "read_config",
     "save_pretrained",
