@@ -99,6 +99,27 @@ def test_head_is_a_validated_config_field_the_cost_model_and_cli_know():
     assert counts == {"mlm": 109_514_298, "pooler": 109_482_240, "none": 109_482_240 - 768 * 769}
 
 
+def test_a_bert_run_saved_before_head_existed_resumes_as_mlm():
+    from txjax.train.checkpoint import CheckpointMismatch, check_compatible
+
+    current = BertConfig(**TINY).to_dict()
+    old = {k: v for k, v in current.items() if k != "head"}
+    check_compatible({"model": old}, {"model": (current, ())}, "runs/r")
+    with pytest.raises(CheckpointMismatch, match="model.head: 'none' -> 'mlm'"):
+        check_compatible({"model": {**old, "head": "none"}}, {"model": (current, ())}, "runs/r")
+
+
+def test_cli_prints_an_encoders_sentence_embedding(tmp_path, capsys):
+    from txjax.hf.cli import main
+
+    model = perturbed_bert("pooler")
+    hf.save_pretrained(model, str(tmp_path))
+    assert main([str(tmp_path), "--prompt-ids", "2", "7", "9", "3"]) == 0
+    h = np.asarray(model(jnp.asarray([[2, 7, 9, 3]])))[0].mean(0)
+    assert f"hidden states (4, {D}); mean-pooled, L2-normalized embedding [{h[0] / np.linalg.norm(h):.4f}, " in (
+        capsys.readouterr().out)
+
+
 # ----------------------------------------------------------------------------- parity with transformers
 
 
