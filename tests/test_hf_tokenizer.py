@@ -72,8 +72,8 @@ def folders(tmp_path):
     def make(kind):
         folder = tmp_path / kind
         folder.mkdir()
-        return {"gpt2": gpt2_style, "bert": lambda f: bert_style(f, True), "bert_no_config": lambda f: bert_style(f, False),
-                "t5": t5_style}[kind](folder)
+        return {"gpt2": gpt2_style, "bert": lambda f: bert_style(f, True),
+                "bert_no_config": lambda f: bert_style(f, False), "t5": t5_style}[kind](folder)
     return make
 
 

@@ -96,14 +96,15 @@ class Tokenizer:
         return out
 
     def _check_ids(self, ids: Iterable[int]) -> list[int]:
-        ids = [int(i) for i in np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids).reshape(-1)]
+        ids = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), np.int64).reshape(-1).tolist()
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         return ids
 
     def __repr__(self) -> str:
-        specials = ", ".join(f"{r}_id={getattr(self, f'{r}_id')}" for r in ROLES if getattr(self, f"{r}_id") is not None)
+        ids = {r: getattr(self, f"{r}_id") for r in ROLES}
+        specials = ", ".join(f"{r}_id={i}" for r, i in ids.items() if i is not None)
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, {specials})"
 
 
