@@ -24,7 +24,7 @@ VARIANTS = [
 def component_of(path) -> str:
     """Which cost.param_counts component a parameter path belongs to."""
     keys = [str(k) for k in path]
-    if "mlm" in keys or "head" in keys:
+    if "mlm" in keys or "head" in keys or "pooler" in keys:
         return "head"
     if "self_attn" in keys:
         return "attention"
@@ -84,6 +84,16 @@ def test_param_counts_with_grouped_kv_heads_equal_the_real_tree(family, kv_heads
     predicted = cost.param_counts(config)
     assert {k: v for k, v in predicted.items() if v} == real_counts(family, config)
     assert predicted["attention"] < cost.param_counts(config.replace(num_kv_heads=None))["attention"]
+
+
+@pytest.mark.parametrize("head", ["pooler", "none"])
+def test_bert_heads_count_and_cost_what_they_build(head):
+    """An encoder-only BERT: the pooler is a D -> D dense at [CLS]; no head costs nothing."""
+    config = BertConfig(**TINY, head=head)
+    predicted = cost.param_counts(config)
+    assert {k: v for k, v in predicted.items() if v} == real_counts("bert", config)
+    d = TINY["d_model"]
+    assert cost.forward_flops(config, 2, 8)["head"] == (2 * 2 * d * d if head == "pooler" else 0)
 
 
 @pytest.mark.parametrize(

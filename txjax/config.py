@@ -25,6 +25,7 @@ NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "bfloat16")
 GRAD_FORMS = ("auto", "autodiff", "xla_cpu")
+BERT_HEADS = ("mlm", "pooler", "none")  # BertConfig.head: what sits on the encoder
 
 
 def _is_int(value) -> bool:
@@ -223,13 +224,14 @@ class GPTConfig(TransformerConfig):
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig(TransformerConfig):
-    """Encoder-only: bidirectional attention with padding mask, post-norm, MLM head."""
+    """Encoder-only: bidirectional attention with padding mask, post-norm, an MLM head (or none, or a pooler)."""
 
     norm_position: str = "post"
     norm_eps: float = 1e-12
     pad_id: int | None = 0  # [PAD]
     type_vocab_size: int = 2  # segment ids 0 .. type_vocab_size - 1
     embedding_norm: bool = True  # LayerNorm on the summed embeddings, as BERT does
+    head: str = "mlm"  # on the encoder: "mlm" (the model returns MLM logits), "pooler" or "none" (it returns hidden states h_BTD; "pooler" adds Bert.pooled(h_BTD) = tanh(dense(h[:, 0])), as HF BertModel)
 
     family: ClassVar[str] = "bert"
     bidirectional_stack: ClassVar[bool] = True
@@ -238,6 +240,8 @@ class BertConfig(TransformerConfig):
         super().__post_init__()
         if not _is_int(self.type_vocab_size) or self.type_vocab_size < 1:
             raise ValueError(f"BertConfig.type_vocab_size must be a positive int, got {self.type_vocab_size!r}")
+        if self.head not in BERT_HEADS:
+            raise ValueError(f"BertConfig.head={self.head!r} is not one of {BERT_HEADS}")
 
     @classmethod
     def bert_base(cls, **changes) -> "BertConfig":

@@ -75,8 +75,9 @@ def param_counts(config: TransformerConfig) -> dict[str, int]:
         counts["segment_embedding"] = config.type_vocab_size * d
         if config.embedding_norm:
             counts["norms"] += _norm_params(config)
-        # MLM transform: dense D -> D with bias, a norm, then the tied decoder's bias [V].
-        counts["head"] = d * d + d + _norm_params(config) + v
+        # MLM transform: dense D -> D with bias, a norm, then the tied decoder's bias [V];
+        # the pooler: dense D -> D with bias; no head: nothing.
+        counts["head"] = {"mlm": d * d + d + _norm_params(config) + v, "pooler": d * d + d, "none": 0}[config.head]
     elif not config.tie_embeddings:
         counts["head"] = d * v
     counts["total"] = sum(counts.values())
@@ -158,7 +159,9 @@ def forward_flops(
         totals["cross_attention"] = config.decoder_layers * batch * sum(cross.values())
     totals["head"] = batch * matmul_flops(out_len, d, v)
     if config.family == "bert":
-        totals["head"] += batch * matmul_flops(out_len, d, d)  # MLM transform
+        # MLM: the transform D -> D, then the decoder; pooler: D -> D at [CLS]; none: no head.
+        totals["head"] = {"mlm": totals["head"] + batch * matmul_flops(out_len, d, d),
+                          "pooler": batch * matmul_flops(1, d, d), "none": 0}[config.head]
     totals["total"] = sum(totals.values())
     return totals
 

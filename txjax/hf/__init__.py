@@ -1,7 +1,13 @@
-"""Hugging Face checkpoints for txjax: GPT-2, BERT (BertForMaskedLM) and T5 (v1.0 and v1.1).
+"""Hugging Face checkpoints for txjax: GPT-2, BERT (BertForMaskedLM, BertModel) and T5 (v1.0 and v1.1).
 
     model = txjax.hf.from_pretrained("path/to/gpt2")      # config.json + model.safetensors
     txjax.hf.save_pretrained(model, "path/to/out")        # transformers can load it back
+
+A BERT comes back with the head its weights hold (`BertConfig.head`): an MLM head
+(`model(tokens)` is logits), a pooler or none (`model(tokens)` is the hidden states;
+`model.pooled(h)` the pooler output); `head="none"` reads any BERT as a bare encoder.
+`load_tokenizer(path)` reads the folder's tokenizer.json (or a T5 spiece.model) and
+encodes and decodes as transformers does.
 
 Reading needs `safetensors` (numpy API) but not torch; a `pytorch_model.bin` needs
 torch. Models come back in eval mode (dropout off), as transformers returns them;
@@ -20,22 +26,19 @@ from flax import nnx, traverse_util
 
 from txjax.config import ExecutionConfig, TransformerConfig
 from txjax.hf._config import UnsupportedConfigError, config_from_hf, config_to_hf
-from txjax.hf._weights import (
-    CheckpointError,
-    params_from_tensors,
-    prepare,
-    read_tensors,
-    tensors_from_params,
-    write_safetensors,
-)
+from txjax.hf._files import CheckpointError, read_tensors, write_safetensors
+from txjax.hf._tokenizer import Tokenizer, load_tokenizer
+from txjax.hf._weights import hf_names, params_from_tensors, prepare, tensors_from_params
 from txjax.models import GPT, MODELS, T5, Bert
 
 __all__ = [
     "CheckpointError",
+    "Tokenizer",
     "UnsupportedConfigError",
     "config_from_hf",
     "config_to_hf",
     "from_pretrained",
+    "load_tokenizer",
     "parameters",
     "read_config",
     "save_pretrained",
@@ -56,15 +59,19 @@ def read_config(path: str) -> dict:
             raise ValueError(f"{file} is not valid JSON ({err})") from None
 
 
-def from_pretrained(path: str, execution: ExecutionConfig | None = None) -> GPT | Bert | T5:
+def from_pretrained(path: str, execution: ExecutionConfig | None = None, *,
+                    head: str | None = None) -> GPT | Bert | T5:
     """A txjax model, config inferred, from a local HF folder of GPT-2, BERT or T5.
 
     Parameters are float32, whatever the checkpoint's dtype. `execution`: how it runs
     (e.g. ExecutionConfig(attention_impl="cudnn") on a GPU); the default otherwise.
+    head (BERT only): "none" for hidden states from any BERT (an MLM head or pooler in
+    the file is not read), "pooler" or "mlm" to require that head; None: the one the
+    weights hold.
     """
     hf = read_config(path)
     config = config_from_hf(hf)
-    config, tensors = prepare(config, hf, read_tensors(path))
+    config, tensors = prepare(config, hf, read_tensors(path), head=head)
     graphdef, abstract, rest = _split_abstract(config, execution)
     shapes = {p: tuple(v.shape) for p, v in traverse_util.flatten_dict(nnx.to_pure_dict(abstract)).items()}
     architectures = ", ".join(hf.get("architectures") or []) or "no architectures named"
@@ -107,12 +114,13 @@ def parameters(model: nnx.Module) -> dict[tuple, np.ndarray]:
 def save_pretrained(model: GPT | Bert | T5, path: str) -> None:
     """Write config.json and model.safetensors (float32) that transformers loads.
 
-    GPT -> GPT2LMHeadModel, Bert -> BertForMaskedLM, T5 -> T5ForConditionalGeneration;
-    a config HF cannot express (RoPE, RMS norm in GPT-2, ...) raises UnsupportedConfigError.
+    GPT -> GPT2LMHeadModel, Bert -> BertForMaskedLM (head "mlm") or BertModel (tensors named
+    as BertModel saves them), T5 -> T5ForConditionalGeneration; a config HF cannot express
+    (RoPE, RMS norm in GPT-2, ...) raises UnsupportedConfigError.
     """
     config = model.config
     hf = config_to_hf(config)
-    tensors = tensors_from_params(config, parameters(model))
+    tensors = hf_names(config, tensors_from_params(config, parameters(model)))
     os.makedirs(path, exist_ok=True)
     write_safetensors(tensors, path)
     with open(os.path.join(path, "config.json"), "w") as f:

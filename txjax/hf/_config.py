@@ -120,6 +120,9 @@ def _bert_from_hf(hf: dict) -> BertConfig:
     _refuse(hf, "add_cross_attention", lambda v: not v, "txjax BERT has no cross-attention")
     _refuse(hf, "tie_word_embeddings", lambda v: v, "txjax BERT's MLM decoder is the word embedding")
     d, n = hf["hidden_size"], hf["num_attention_heads"]
+    # BertModel (the bare encoder, pooler included by default) returns hidden states; every other
+    # architecture is read as BertForMaskedLM. from_pretrained corrects this from the weights.
+    head = "pooler" if "BertModel" in (hf.get("architectures") or ()) else "mlm"
     return BertConfig(
         vocab_size=hf["vocab_size"],
         max_len=hf.get("max_position_embeddings", 512),
@@ -138,6 +141,7 @@ def _bert_from_hf(hf: dict) -> BertConfig:
         pad_id=hf.get("pad_token_id", 0),
         type_vocab_size=hf.get("type_vocab_size", 2),
         embedding_norm=True,
+        head=head,
     )
 
 
@@ -253,7 +257,8 @@ def _bert_to_hf(c: BertConfig) -> dict:
         _require(c, name, wanted, "BertForMaskedLM")
     return {
         "model_type": "bert",
-        "architectures": ["BertForMaskedLM"],
+        # head "pooler" or "none": the bare encoder (transformers builds a pooler unless told not to).
+        "architectures": ["BertForMaskedLM" if c.head == "mlm" else "BertModel"],
         "vocab_size": c.vocab_size,
         "hidden_size": c.d_model,
         "num_hidden_layers": c.num_layers,

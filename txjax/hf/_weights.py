@@ -17,8 +17,6 @@ saving cannot drift apart. What differs between the two layouts:
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
 import warnings
 
@@ -26,15 +24,10 @@ import numpy as np
 
 from txjax.config import BertConfig, GPTConfig, T5Config, TransformerConfig
 from txjax.hf._config import t5_scales_tied_head
+from txjax.hf._files import CheckpointError
 
 Path = tuple  # a txjax parameter path, e.g. ("decoder", "blocks", 0, "self_attn", "q", "kernel")
 
-SAFETENSORS = "model.safetensors"
-TORCH_BIN = "pytorch_model.bin"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint whose tensors do not fit the config: missing, misshaped or unmappable."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,9 +114,12 @@ def _bert_entries(c: BertConfig) -> list[Entry]:
         e += _linear((*p, "ffn", "wi"), f"{h}.intermediate.dense", bias=True)
         e += _linear((*p, "ffn", "wo"), f"{h}.output.dense", bias=True)
         e += _norm((*p, "ffn_norm"), f"{h}.output.LayerNorm")
-    e += _linear(("mlm", "dense"), "cls.predictions.transform.dense", bias=True)
-    e += _norm(("mlm", "norm"), "cls.predictions.transform.LayerNorm")
-    e.append(Entry(("mlm", "bias"), "cls.predictions.bias"))
+    if c.head == "mlm":
+        e += _linear(("mlm", "dense"), "cls.predictions.transform.dense", bias=True)
+        e += _norm(("mlm", "norm"), "cls.predictions.transform.LayerNorm")
+        e.append(Entry(("mlm", "bias"), "cls.predictions.bias"))
+    elif c.head == "pooler":
+        e += _linear(("pooler", "dense"), "bert.pooler.dense", bias=True)
     return e
 
 
@@ -179,73 +175,11 @@ IGNORED = {
     "gpt": (r"^transformer\.h\.\d+\.attn\.(bias|masked_bias)$",),  # causal-mask buffers
     "bert": (
         r"^bert\.embeddings\.position_ids$",
-        r"^bert\.pooler\.",  # BertForPreTraining's NSP path
+        r"^bert\.pooler\.",  # BertForPreTraining's NSP path, where head is not "pooler"
         r"^cls\.seq_relationship\.",
     ),
     "t5": (r"^decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight$",),
 }
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def read_tensors(folder: str) -> dict[str, np.ndarray]:
-    """All tensors of a local HF folder: model.safetensors (sharded or not) or pytorch_model.bin.
-
-    safetensors is read with its numpy API, so loading needs no torch.
-    """
-    def has(name):
-        return os.path.isfile(os.path.join(folder, name))
-
-    if has(SAFETENSORS):
-        return _read_safetensors([os.path.join(folder, SAFETENSORS)])
-    if has(SAFETENSORS + ".index.json"):
-        return _read_safetensors(_shards(folder, SAFETENSORS + ".index.json"))
-    if has(TORCH_BIN) or has(TORCH_BIN + ".index.json"):
-        files = [os.path.join(folder, TORCH_BIN)] if has(TORCH_BIN) else _shards(folder, TORCH_BIN + ".index.json")
-        return _read_torch(files)
-    raise CheckpointError(
-        f"{folder}: no weights found; expected {SAFETENSORS}, {SAFETENSORS}.index.json, "
-        f"{TORCH_BIN} or {TORCH_BIN}.index.json"
-    )
-
-
-def _shards(folder: str, index_name: str) -> list[str]:
-    with open(os.path.join(folder, index_name)) as f:
-        weight_map = json.load(f)["weight_map"]
-    return [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
-
-
-def _read_safetensors(files: list[str]) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
-    tensors = {}
-    for file in files:
-        tensors.update(load_file(file))
-    return tensors
-
-
-def _read_torch(files: list[str]) -> dict[str, np.ndarray]:
-    try:
-        import torch
-    except ImportError as err:
-        raise CheckpointError(
-            f"{files[0]} is a PyTorch pickle; reading it needs torch. Install torch, or convert the "
-            "folder to model.safetensors"
-        ) from err
-    tensors = {}
-    for file in files:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        tensors.update({k: v.detach().to(torch.float32).numpy() for k, v in state.items()})
-    return tensors
-
-
-def write_safetensors(tensors: dict[str, np.ndarray], folder: str) -> None:
-    from safetensors.numpy import save_file
-
-    # transformers refuses a safetensors file without format metadata.
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
-              os.path.join(folder, SAFETENSORS), metadata={"format": "pt"})
 
 
 # ----------------------------------------------------------------------------- family quirks
@@ -284,9 +218,21 @@ def _drop_tied(tensors: dict, key: str, source: str, what: str) -> None:
     del tensors[key]
 
 
-def prepare(config: TransformerConfig, hf: dict, tensors: dict[str, np.ndarray]
+def bert_head(tensors: dict[str, np.ndarray]) -> str:
+    """The head a BERT checkpoint holds: "mlm" (cls.predictions), else "pooler", else "none"."""
+    if any(k.startswith("cls.predictions.") for k in tensors):
+        return "mlm"
+    return "pooler" if "bert.pooler.dense.weight" in tensors else "none"
+
+
+def prepare(config: TransformerConfig, hf: dict, tensors: dict[str, np.ndarray], head: str | None = None
             ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
-    """Canonical tensor names, tied copies removed, and the head's tying read from the weights."""
+    """Canonical tensor names, tied copies removed, and the head's tying read from the weights.
+
+    BERT: `head` (BertConfig.head) is the one asked for, else the one the weights hold (`bert_head`).
+    """
+    if head is not None and not isinstance(config, BertConfig):
+        raise ValueError(f"head={head!r} applies to BERT checkpoints only, not {config.family}")
     tensors = _rename_legacy(tensors)
     if isinstance(config, GPTConfig):
         tensors = _add_prefix(tensors, "transformer.", ("lm_head.",))
@@ -298,6 +244,11 @@ def prepare(config: TransformerConfig, hf: dict, tensors: dict[str, np.ndarray]
             config = config.replace(tie_embeddings=False)
     elif isinstance(config, BertConfig):
         tensors = _add_prefix(tensors, "bert.", ("cls.",))
+        if head is None:
+            head = bert_head(tensors)
+        config = config.replace(head=head)
+        if head != "mlm":  # an MLM head the caller did not ask for is not read at all
+            tensors = {k: v for k, v in tensors.items() if not k.startswith("cls.predictions.")}
         _drop_tied(tensors, "cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight",
                    "an MLM decoder untied from the word embedding")
         _drop_tied(tensors, "cls.predictions.decoder.bias", "cls.predictions.bias",
@@ -342,9 +293,13 @@ def params_from_tensors(
     _check_coverage(table, shapes)
     missing = sorted({e.key for e in table if e.key not in tensors})
     if missing:
+        hint = ""
+        if isinstance(config, BertConfig) and all(k.startswith(("cls.", "bert.pooler.")) for k in missing):
+            hint = (f" (it has no {config.head} head: from_pretrained(path) loads the head it has, "
+                    "head='none' the bare encoder)")
         raise CheckpointError(
             f"{source}: {len(missing)} tensor(s) missing for this {config.family} config: "
-            f"{_names(missing)}"
+            f"{_names(missing)}{hint}"
         )
     wrong = []
     for e in table:
@@ -378,6 +333,13 @@ def tensors_from_params(config: TransformerConfig, params: dict[Path, np.ndarray
     for key, pieces in parts.items():
         out[key] = np.concatenate([pieces[i] for i in sorted(pieces)], axis=-1)
     return out
+
+
+def hf_names(config: TransformerConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Tensors named as transformers' class for the config saves them: BertModel has no `bert.` prefix."""
+    if isinstance(config, BertConfig) and config.head != "mlm":
+        return {k.removeprefix("bert."): v for k, v in tensors.items()}
+    return tensors
 
 
 def _check_coverage(table: list[Entry], shapes: dict[Path, tuple]) -> None:

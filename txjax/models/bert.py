@@ -1,4 +1,10 @@
-"""BERT: encoder-only, bidirectional attention with a padding mask, MLM head."""
+"""BERT: encoder-only, bidirectional attention with a padding mask; an MLM head, a pooler, or no head.
+
+`config.head` says what sits on the encoder: "mlm" (pre-training; `Bert(...)(tokens)` is the MLM
+logits), or, for encoder checkpoints such as sentence-embedding models, "none" or "pooler":
+`Bert(...)(tokens)` is then the hidden states h_BTD, and with "pooler" `pooled(h_BTD)` is BERT's
+sentence vector tanh(dense(h of [CLS])).
+"""
 
 from __future__ import annotations
 
@@ -27,6 +33,16 @@ class MLMHead(nnx.Module):
         return embed.attend(h_BTD) + self.bias[...][None, None, :]
 
 
+class Pooler(nnx.Module):
+    """BERT's pooler: tanh(dense(h at the first token, [CLS])), the input of NSP and classifiers."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs, execution: ExecutionConfig):
+        self.dense = Dense(config.d_model, config.d_model, **dense_kwargs(config, execution, rngs, use_bias=True))
+
+    def __call__(self, h_BTD: jax.Array) -> jax.Array:
+        return jnp.tanh(self.dense(h_BTD[:, 0]))
+
+
 class Bert(Model):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None,
                  execution: ExecutionConfig | None = None):
@@ -36,7 +52,8 @@ class Bert(Model):
         self.embed_norm = make_norm(config) if config.embedding_norm else None
         self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs,
                                         execution=self.execution)
-        self.mlm = MLMHead(config, rngs=rngs, execution=self.execution)
+        self.mlm = MLMHead(config, rngs=rngs, execution=self.execution) if config.head == "mlm" else None
+        self.pooler = Pooler(config, rngs=rngs, execution=self.execution) if config.head == "pooler" else None
 
     def valid(self, tokens_BT: jax.Array) -> jax.Array | None:
         """False at [PAD] tokens, whose keys no query sees; None without a pad id."""
@@ -61,7 +78,7 @@ class Bert(Model):
 
     def encode(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None,
                document_ids_BT: jax.Array | None = None) -> jax.Array:
-        """Contextual embeddings h_BTD (before the MLM head)."""
+        """Contextual embeddings h_BTD (before any head)."""
         tokens_BT = check_tokens(tokens_BT, self.config.vocab_size)
         if document_ids_BT is not None:
             document_ids_BT = check_document_ids(document_ids_BT, tokens_BT.shape)
@@ -72,7 +89,14 @@ class Bert(Model):
 
     def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None,
                  document_ids_BT: jax.Array | None = None) -> jax.Array:
-        """tokens_BT -> mlm_logits_BTV. segment_ids_BT: sentence A/B token types.
-        document_ids_BT (packed sequences, non-decreasing along each row): attention stays
-        inside each document and positions restart at 0 at each one."""
-        return self.mlm(self.encode(tokens_BT, segment_ids_BT, document_ids_BT), self.embed)
+        """tokens_BT -> mlm_logits_BTV (head "mlm"), else the hidden states h_BTD, as `encode`.
+        segment_ids_BT: sentence A/B token types. document_ids_BT (packed sequences, non-decreasing
+        along each row): attention stays inside each document and positions restart at 0 at each one."""
+        h_BTD = self.encode(tokens_BT, segment_ids_BT, document_ids_BT)
+        return h_BTD if self.mlm is None else self.mlm(h_BTD, self.embed)
+
+    def pooled(self, h_BTD: jax.Array) -> jax.Array:
+        """pooled_BD = tanh(dense(h_BTD[:, 0])), HF BertModel's pooler_output (head "pooler" only)."""
+        if self.pooler is None:
+            raise ValueError(f"this Bert has head={self.config.head!r}; pooled() needs head='pooler'")
+        return self.pooler(h_BTD)

@@ -12,6 +12,7 @@ one is read, saying which damaged ones it passed over.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -21,6 +22,8 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from txjax.config import CONFIGS
 
 DIGESTS = "sha256.json"
 
@@ -187,6 +190,16 @@ def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = ())
     return out
 
 
+def with_field_defaults(saved_model: dict) -> dict:
+    """A model section written before a config field existed, that field read as its default
+    (fields are added with the default that keeps what older models computed, e.g. BertConfig.head)."""
+    cls = CONFIGS.get(saved_model.get("family"))
+    if cls is None:
+        return saved_model
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    return {**defaults, **saved_model}
+
+
 def check_compatible(meta: dict, sections: dict[str, tuple[dict, tuple[str, ...]]], where: str) -> None:
     """Raise CheckpointMismatch if any section of `meta` differs from the current config.
 
@@ -198,6 +211,8 @@ def check_compatible(meta: dict, sections: dict[str, tuple[dict, tuple[str, ...]
         if saved is None:
             problems.append(f"{name}: missing from the checkpoint")
             continue
+        if name == "model":
+            saved = with_field_defaults(saved)
         problems += [f"{name}.{d}" for d in config_differences(saved, current, ignore)]
     if problems:
         raise CheckpointMismatch(

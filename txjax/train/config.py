@@ -35,10 +35,11 @@ class TrainConfig:
     checkpoint_every: int = 200  # save a checkpoint every this many steps (and always at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept on disk
     progress: bool = True  # show a tqdm progress bar on stderr
+    tensorboard: bool = True  # also write metrics.jsonl's rows and the run's plots as TensorBoard events in the run folder (needs tensorboardX)
 
     # Fields that may change when a run resumes: they do not alter the trajectory.
     RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
-                         "keep_checkpoints", "progress")
+                         "keep_checkpoints", "progress", "tensorboard")
 
     def __post_init__(self):
         positive = ("learning_rate", "steps", "batch_size", "grad_accum", "log_every",

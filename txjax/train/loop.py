@@ -23,6 +23,7 @@ from txjax.train.checkpoint import Checkpointer, check_compatible
 from txjax.train.rundir import RunDirError, prepare_run_dir  # noqa: F401 - re-exported: scripts check the folder early
 from txjax.train.config import TrainConfig
 from txjax.train.steps import Stepper, TrainState
+from txjax.train.tensorboard import log_row, open_writer
 
 
 class NonFiniteLoss(RuntimeError):
@@ -106,7 +107,8 @@ def fit(
       `set_state`, such as `txjax.data.BatchIterator`.
     meta: JSON-able config sections saved in every checkpoint beside the data position.
     eval_fn(params) -> {name: value}: held-out metrics, every `eval_every` steps and at the end.
-    Appends rows to run_dir/metrics.jsonl; returns (state, summary). Raises NonFiniteLoss
+    Appends rows to run_dir/metrics.jsonl, and the same numbers to TensorBoard events there
+    (`cfg.tensorboard`, with tensorboardX installed); returns (state, summary). Raises NonFiniteLoss
     (after writing what it knows) when the loss or gradient norm is NaN or Inf; the last
     checkpoint on disk is then the last good one. On Ctrl-C (KeyboardInterrupt) it first
     checkpoints the last finished step, so a rerun resumes there, then re-raises.
@@ -130,8 +132,10 @@ def fit(
     clock = {"t0": time.perf_counter(), "first_done": None, "first_step": None,
              "tokens_after_first": 0.0, "window": None}
     last: dict = {}
+    events = None
     if run_dir is not None:
         rows_file = open(metrics_path, "a")
+        events = open_writer(run_dir, cfg.tensorboard, purge_step=start_step + 1 if start_step else None)
 
     def write_row(row: dict) -> None:
         if rows_file is None:
@@ -139,6 +143,7 @@ def fit(
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         rows_file.write(json.dumps(row) + "\n")
         rows_file.flush()
+        log_row(events, row)
 
     def handle(step_no: int, metrics) -> None:
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -228,6 +233,8 @@ def fit(
         bar.close()
         if rows_file is not None:
             rows_file.close()
+        if events is not None:
+            events.close()
     done = time.perf_counter()
     steady = None
     if clock["first_done"] is not None and step_no > clock["first_step"]:

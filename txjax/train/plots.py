@@ -1,4 +1,8 @@
-"""Plots written beside a run: the loss curve and image grids (matplotlib, Agg backend)."""
+"""Plots written beside a run: the loss curve and image grids (matplotlib, Agg backend).
+
+A plot saved into a run folder whose run writes TensorBoard events is added to them as an
+image too (tag: the file's stem; step: the run's last logged step).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from txjax.train.loop import read_metrics
+from txjax.train.tensorboard import log_figure, writes_tensorboard
 
 
 def _pyplot():
@@ -18,6 +23,16 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save(fig, out_path: str | os.PathLike) -> Path:
+    """Write the PNG, and the same figure into the run's TensorBoard events where it writes them."""
+    out_path = Path(out_path)
+    fig.savefig(out_path, dpi=100)
+    if writes_tensorboard(out_path.parent):
+        rows = read_metrics(out_path.parent / "metrics.jsonl")
+        log_figure(out_path.parent, out_path.stem, fig, max((r.get("step", 0) for r in rows), default=0))
+    return out_path
 
 
 def plot_loss_curve(metrics_path: str | os.PathLike, out_path: str | os.PathLike,
@@ -37,9 +52,9 @@ def plot_loss_curve(metrics_path: str | os.PathLike, out_path: str | os.PathLike
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
+    out_path = _save(fig, out_path)
     plt.close(fig)
-    return Path(out_path)
+    return out_path
 
 
 def image_grid(images_BHW: np.ndarray, pad: int = 2) -> np.ndarray:
@@ -65,6 +80,6 @@ def save_image_grid(images_BHW: np.ndarray, out_path: str | os.PathLike, title: 
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
+    out_path = _save(fig, out_path)
     plt.close(fig)
-    return Path(out_path)
+    return out_path
