@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
+import time
 from pathlib import Path
 
 
@@ -27,9 +27,12 @@ def open_writer(run_dir: str | os.PathLike, enabled: bool = True, purge_step: in
         from tensorboardX import SummaryWriter
     except ImportError:
         return None
-    # Its own file: tensorboardX names files by the second, and a second writer that second would overwrite it.
+    # Its own file, named to sort after every earlier one: tensorboardX names files by the second
+    # (a second writer that second would overwrite the first), and TensorBoard reads a folder's
+    # files in name order, so a file sorted before an older one would have its events purged by
+    # that one's resume marker.
     return SummaryWriter(logdir=str(run_dir), purge_step=purge_step, flush_secs=10,
-                         filename_suffix=f".{uuid.uuid4().hex[:8]}")
+                         filename_suffix=f".{time.time_ns()}.{os.getpid()}")
 
 
 def log_row(writer, row: dict) -> None:
