@@ -127,13 +127,22 @@ TINY_TRAIN = ["--steps", "2", "--batch_size", "8", "--warmup_steps", "1", "--che
 
 
 @pytest.mark.slow
-def test_train_gpt_tiny_end_to_end_and_sample(tmp_path, capsys):
+def test_train_gpt_tiny_end_to_end_and_sample(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the digit classifier's cache
     argv = ["--preset", "cpu", "--runs_dir", str(tmp_path), "--name", "g", *TINY_MODEL, *TINY_TRAIN,
-            "--train_images", "64", "--test_images", "20", "--eval_batch_size", "10", "--num_samples", "4"]
+            "--train_images", "64", "--test_images", "20", "--eval_batch_size", "10", "--num_samples", "4",
+            "--quality_samples", "6"]
     summary = load_script("train_gpt").main(argv)
     run = tmp_path / "g"
-    for name in ("config.json", "metrics.jsonl", "summary.json", "samples.png", "loss.png"):
+    for name in ("config.json", "metrics.jsonl", "summary.json", "samples.png", "samples.npz", "loss.png"):
         assert (run / name).is_file(), name
+    with np.load(run / "samples.npz") as f:
+        assert f["images"].shape == (6, 28, 28) and f["images"].dtype == np.uint8
+        assert set(np.unique(f["images"])) <= {0, 255} and f["tokens"].shape == (6, 197)
+        assert (f["tokens"][:, 0] == 16).all() and f["tokens"][:, 1:].max() < 16
+    assert summary["quality_samples"] == 6 and 1 <= summary["samples_classes"] <= 10
+    assert 0 <= summary["samples_confident_share"] <= 1 and 0 <= summary["real_confident_share"] <= 1
+    assert list((tmp_path / "cache" / "txjax").glob("digit_mlp-*.npz"))
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]
     assert json.loads((run / "summary.json").read_text()) == pytest.approx(summary)
     assert summary["test_images"] == 20 and summary["steps"] == 2
@@ -141,8 +150,10 @@ def test_train_gpt_tiny_end_to_end_and_sample(tmp_path, capsys):
     assert summary["test_bits_per_pixel"] == pytest.approx(nats_to_bits_per_pixel(summary["test_nll_nats_per_image"]))
     assert 100 < summary["unigram_baseline_nats_per_image"] < 200
     assert "bits/pixel" in capsys.readouterr().out
-    out = load_script("sample").main(["--run", str(run), "--num_samples", "4", "--out", str(tmp_path / "s.png")])
-    assert out["step"] == 2 and (tmp_path / "s.png").is_file()
+    out = load_script("sample").main(["--run", str(run), "--num_samples", "4", "--out", str(tmp_path / "new/s.png")])
+    assert out["step"] == 2 and (tmp_path / "new/s.png").is_file()
+    with np.load(tmp_path / "new/s.npz") as f:
+        assert f["images"].shape == (4, 28, 28) and f["tokens"].shape == (4, 197)
     # The same name with another model is refused before any training (resume is in test_train).
     with pytest.raises(SystemExit) as exit_:
         load_script("train_gpt").main(argv + ["--d_model", "32"])

@@ -21,6 +21,7 @@ from txjax.config import ExecutionConfig, GPTConfig
 from txjax.data import BatchIterator, PatchTokenizer, ar_shift, load_mnist
 from txjax.decoding import check_sampling, generate
 from txjax.models import GPT
+from txjax.tasks.digits import CONFIDENT, accuracy, cached_classifier, digit_quality
 from txjax.ops import token_nll
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
@@ -45,25 +46,37 @@ class MnistRunConfig(RunConfig):
     temperature: float = 1.0  # sampling temperature for samples.png; 0 means greedy
     num_samples: int = 64  # digits drawn into samples.png
     top_k: int | None = None  # sample only among the k most likely patches; None: all
+    quality_samples: int = 1000  # digits drawn and labelled by txjax.tasks.digits' classifier for summary.json; 0: skip
 
     def __post_init__(self):
         super().__post_init__()
         for name in ("eval_batch_size", "num_samples", "patch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("train_images", "test_images"):
+        for name in ("train_images", "test_images", "quality_samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         check_sampling(self.temperature, self.top_k, None)
 
 
-def load_tokens(run_cfg: MnistRunConfig) -> tuple[PatchTokenizer, np.ndarray, np.ndarray, str]:
-    """(tokenizer, train tokens [N, 197], test tokens [M, 197], data source)."""
+@dataclasses.dataclass(frozen=True)
+class MnistTokens:
+    """The run's images as tokens [N, 197] (BOS first), their labels, and where they came from."""
+
+    tok: PatchTokenizer
+    train_BT: np.ndarray
+    test_BT: np.ndarray
+    y_train: np.ndarray
+    y_test: np.ndarray
+    source: str
+
+
+def load_tokens(run_cfg: MnistRunConfig) -> MnistTokens:
     data = load_mnist(run_cfg.data)
     tok = PatchTokenizer(patch=run_cfg.patch, threshold=run_cfg.threshold)
-    x_train = data.x_train[: run_cfg.train_images or None]
-    x_test = data.x_test[: run_cfg.test_images or None]
-    return tok, tok.encode(x_train), tok.encode(x_test), data.source
+    train, test = slice(run_cfg.train_images or None), slice(run_cfg.test_images or None)
+    return MnistTokens(tok, tok.encode(data.x_train[train]), tok.encode(data.x_test[test]),
+                       data.y_train[train], data.y_test[test], data.source)
 
 
 def shifted(tokens_BT: np.ndarray, rng=None) -> dict[str, np.ndarray]:
@@ -113,15 +126,51 @@ def nats_to_bits_per_pixel(nats_per_image: float) -> float:
     return nats_per_image / math.log(2) / PIXELS
 
 
+def sample_patches(model, tok: PatchTokenizer, n: int, key, temperature: float = 1.0,
+                   top_k: int | None = None, batch_size: int = 250) -> np.ndarray:
+    """n sampled images as patch ids [n, 196], drawn batch_size at a time (bounded KV-cache memory).
+
+    A trained model almost never emits BOS mid-image; if it does, that patch is left blank (0).
+    """
+    out = []
+    for i, start in enumerate(range(0, n, batch_size)):
+        prompt_BT = np.full((min(batch_size, n - start), 1), tok.bos_id, np.int32)
+        tokens_BT = np.asarray(generate(model, prompt_BT, tok.seq_len - 1, jax.random.fold_in(key, i),
+                                        temperature=temperature, top_k=top_k))
+        out.append(tokens_BT[:, -(tok.seq_len - 1):])
+    patches = np.concatenate(out)
+    return np.where(patches >= tok.bos_id, 0, patches).astype(np.int32)
+
+
 def sample_digits(model, tok: PatchTokenizer, n: int, key, temperature: float = 1.0,
                   top_k: int | None = None) -> np.ndarray:
-    """n sampled images [n, 28, 28] in {0.0, 1.0}; patch ids are kept below BOS."""
-    prompt_BT = np.full((n, 1), tok.bos_id, np.int32)
-    tokens_BT = np.asarray(generate(model, prompt_BT, tok.seq_len - 1, key, temperature=temperature, top_k=top_k))
-    patches = tokens_BT[:, -(tok.seq_len - 1):]
-    # A trained model almost never emits BOS mid-image; if it does, show that patch blank.
-    patches = np.where(patches >= tok.bos_id, 0, patches)
-    return tok.decode(patches, dtype=np.float32)
+    """n sampled images [n, 28, 28] in {0.0, 1.0}."""
+    return tok.decode(sample_patches(model, tok, n, key, temperature, top_k), dtype=np.float32)
+
+
+def save_samples(path, tok: PatchTokenizer, patches_NT: np.ndarray) -> None:
+    """Sampled digits as .npz: images uint8 [N, 28, 28] (0 or 255) and tokens int32 [N, 197], BOS first."""
+    tokens = np.concatenate([np.full((len(patches_NT), 1), tok.bos_id, np.int32), patches_NT], axis=1)
+    np.savez_compressed(path, images=tok.decode(patches_NT, dtype=np.uint8), tokens=tokens)
+
+
+def sample_quality(data: MnistTokens, patches_NT: np.ndarray, log=print) -> dict:
+    """The digit classifier's view of samples beside as many real test digits (txjax.tasks.digits)."""
+    tok = data.tok
+    params, path = cached_classifier(tok.decode(data.train_BT) > 0, data.y_train, log=log)
+    test_bits = tok.decode(data.test_BT) > 0
+    acc = accuracy(params, test_bits, data.y_test)
+    samples = digit_quality(params, tok.decode(patches_NT) > 0)
+    real = digit_quality(params, test_bits[: len(patches_NT)])
+    log(f"digit classifier ({path.name}): {acc:.4f} on {len(test_bits)} binarized test images; "
+        f"p >= {CONFIDENT} for {samples['confident_share']:.3f} of {samples['n']} samples "
+        f"({samples['classes']} classes) vs {real['confident_share']:.3f} of {real['n']} real digits "
+        f"({real['classes']} classes)")
+    return {"classifier_test_accuracy": acc, "classifier_confidence": CONFIDENT,
+            "samples_confident_share": samples["confident_share"], "samples_classes": samples["classes"],
+            "real_confident_share": real["confident_share"], "real_classes": real["classes"],
+            "samples_confident_ratio": samples["confident_share"] / max(real["confident_share"], 1e-9),
+            "quality_samples": samples["n"]}
 
 
 def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRunConfig,
@@ -133,13 +182,14 @@ def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRu
     """
     prepare_run_dir(run_cfg.run_dir)  # fail before loading data; emptied (overwrite) only once claimed
     t0 = time.perf_counter()
-    tok, train_BT, test_BT, source = load_tokens(run_cfg)
+    data = load_tokens(run_cfg)
+    tok, train_BT, test_BT = data.tok, data.train_BT, data.test_BT
     if model_cfg.vocab_size != tok.vocab_size:
         raise ValueError(f"vocab_size={model_cfg.vocab_size} but {run_cfg.patch}x{run_cfg.patch} patches "
                          f"need {tok.vocab_size} (patch ids and BOS)")
     if model_cfg.position == "learned" and model_cfg.max_len < tok.seq_len - 1:
         raise ValueError(f"max_len={model_cfg.max_len} is shorter than the {tok.seq_len - 1} input tokens")
-    log(f"MNIST from {source}: {len(train_BT)} train / {len(test_BT)} test images, "
+    log(f"MNIST from {data.source}: {len(train_BT)} train / {len(test_BT)} test images, "
         f"{tok.seq_len} tokens each (BOS {tok.bos_id}, vocab {tok.vocab_size})")
     model = GPT(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -156,20 +206,23 @@ def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRu
     stepper, state, fit_summary = train_run(
         model, gpt_loss, train_cfg, run_cfg, batches, extra_meta=tokenizer_meta,
         eval_fn=eval_fn, stop_at=stop_at, log=log)
-    return finish_gpt_mnist(stepper, state.params, tok, train_BT, test_BT, run_cfg, fit_summary, t0, log)
+    return finish_gpt_mnist(stepper, state.params, data, run_cfg, fit_summary, t0, log)
 
 
-def finish_gpt_mnist(stepper, params, tok, train_BT, test_BT, run_cfg, fit_summary, t0, log=print) -> dict:
-    run_dir = run_cfg.run_dir
+def finish_gpt_mnist(stepper, params, data: MnistTokens, run_cfg, fit_summary, t0, log=print) -> dict:
+    run_dir, tok, train_BT, test_BT = run_cfg.run_dir, data.tok, data.train_BT, data.test_BT
     t_eval = time.perf_counter()
     nll = image_nll(stepper, params, test_BT, run_cfg.eval_batch_size)
     nats = float(nll.mean())
     baseline = unigram_baseline(train_BT, test_BT, tok.bos_id)
     eval_s = time.perf_counter() - t_eval
     t_sample = time.perf_counter()
-    images = sample_digits(stepper.model(params), tok, run_cfg.num_samples,
-                           jax.random.key(stepper.cfg.seed + 7), run_cfg.temperature, run_cfg.top_k)
+    patches = sample_patches(stepper.model(params), tok, max(run_cfg.num_samples, run_cfg.quality_samples),
+                             jax.random.key(stepper.cfg.seed + 7), run_cfg.temperature, run_cfg.top_k)
     sample_s = time.perf_counter() - t_sample
+    quality = sample_quality(data, patches[: run_cfg.quality_samples], log) if run_cfg.quality_samples else {}
+    save_samples(run_dir / "samples.npz", tok, patches)
+    images = tok.decode(patches[: run_cfg.num_samples], dtype=np.float32)
     save_image_grid(images, run_dir / "samples.png",
                     title=f"{run_cfg.num_samples} samples, temperature {run_cfg.temperature}")
     plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
@@ -190,10 +243,11 @@ def finish_gpt_mnist(stepper, params, tok, train_BT, test_BT, run_cfg, fit_summa
         "total_wall_s": time.perf_counter() - t0,
         "resumed_from": fit_summary["resumed_from"],
         "backend": jax.default_backend(),
+        **quality,
     }
     write_json(run_dir / "summary.json", summary)
     log(f"test NLL {nats:.2f} nats/image = {summary['test_bits_per_pixel']:.4f} bits/pixel "
         f"over {len(test_BT)} test images; per-position unigram baseline {baseline:.2f} nats/image "
         f"= {summary['unigram_baseline_bits_per_pixel']:.4f} bits/pixel")
-    log(f"wrote {run_dir}/samples.png, loss.png, metrics.jsonl, summary.json, checkpoints/")
+    log(f"wrote {run_dir}/samples.png, samples.npz, loss.png, metrics.jsonl, summary.json, checkpoints/")
     return summary

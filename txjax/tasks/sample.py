@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import jax
+import numpy as np
 from flax import nnx
 
 from txjax.config import config_from_dict
@@ -13,7 +14,7 @@ from txjax.data import PatchTokenizer
 from txjax.decoding import check_sampling
 from txjax.models import MODELS
 from txjax.tasks.mlm import fill_masks
-from txjax.tasks.mnist import sample_digits
+from txjax.tasks.mnist import sample_patches, save_samples
 from txjax.tasks.spans import fill_spans
 from txjax.tasks.text import masked_prompt, tokenizer_from_meta
 from txjax.train.checkpoint import Checkpointer
@@ -30,7 +31,7 @@ class SampleConfig:
     temperature: float = 1.0  # softmax temperature; 0 means greedy
     top_k: int | None = None  # sample only among the k most likely tokens; None: all
     seed: int = 0  # sampling key
-    out: str | None = None  # GPT/MNIST: PNG to write; None: <run>/samples_step<step>.png
+    out: str | None = None  # GPT/MNIST: PNG to write (folders made), with the digits as .npz beside it; None: <run>/samples_step<step>.png
     prompt: str = "To be, or not to b_, that is the qu_____n"  # BERT/T5: text whose "_" runs are masked spans
 
     def __post_init__(self):
@@ -65,11 +66,14 @@ def sample_from_run(cfg: SampleConfig, log=print) -> dict:
     tok_meta = meta.get("tokenizer", {})
     if family == "gpt" and tok_meta.get("kind") == "patch":
         tok = PatchTokenizer(**{k: v for k, v in tok_meta.items() if k != "kind"})
-        images = sample_digits(model, tok, cfg.num_samples, key, cfg.temperature, cfg.top_k)
+        patches = sample_patches(model, tok, cfg.num_samples, key, cfg.temperature, cfg.top_k)
         out = Path(cfg.out) if cfg.out else Path(cfg.run) / f"samples_step{step}.png"
-        save_image_grid(images, out, title=f"step {step}, temperature {cfg.temperature}")
-        log(f"wrote {cfg.num_samples} digits to {out}")
-        return {"out": str(out), "step": step}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_image_grid(tok.decode(patches, dtype=np.float32), out,
+                        title=f"step {step}, temperature {cfg.temperature}")
+        save_samples(out.with_suffix(".npz"), tok, patches)
+        log(f"wrote {cfg.num_samples} digits to {out} and {out.with_suffix('.npz')} (images uint8, tokens)")
+        return {"out": str(out), "npz": str(out.with_suffix(".npz")), "step": step}
     tok = tokenizer_from_meta(meta)
     if family == "bert":
         text = fill_masks(model, tok, cfg.prompt)

@@ -48,7 +48,7 @@ def config_sections(model_cfg, train_cfg: TrainConfig, run_cfg) -> dict[str, dic
 # Fields that may differ between a checkpoint and the run resuming it. The model's
 # execution (txjax.config.ExecutionConfig) is recorded beside these but never compared.
 RESUME_IGNORES = {"train": TrainConfig.RESUMABLE_CHANGES,
-                  "run": ("overwrite", "runs_dir", "temperature", "num_samples", "top_k", "show")}
+                  "run": ("overwrite", "runs_dir", "temperature", "num_samples", "top_k", "show", "quality_samples")}
 
 
 def on_accelerator() -> bool:
