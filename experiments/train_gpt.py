@@ -1,6 +1,6 @@
 """Train a GPT on binarized MNIST (2×2 patches, 197 tokens), score the test set, draw digits.
 
-    python experiments/train_gpt.py --preset cpu     # ~15 min on 2 CPU cores
+    python experiments/train_gpt.py --preset cpu     # ~10 min on 2 CPU cores
     python experiments/train_gpt.py --help           # every flag, with its default
 
 Intentionally kept short: the logic lives in txjax.tasks.mnist, where tests reach it.
@@ -27,14 +27,14 @@ PRESETS = {
         "run": MnistRunConfig(),
         "execution": ExecutionConfig(),
     },
-    # Sized for 2 CPU cores and at most 15 minutes, training plus scoring and sampling
-    # (164k parameters, 380 steps of 32 images: 12,160 images, a fifth of an epoch).
+    # Sized for 2 CPU cores and at most 10 minutes, training plus scoring and sampling:
+    # 821k parameters, 3,000 steps of 16 images (48,000 images, 0.8 epoch). See BUILD.md, issue 16.
     "cpu": {
-        "model": GPTConfig(vocab_size=17, max_len=197, d_model=64, num_heads=2, num_layers=3,
-                           d_ff=256),
-        "train": TrainConfig(learning_rate=3e-3, warmup_steps=40, steps=380, batch_size=32,
-                             weight_decay=0.01, checkpoint_every=50, eval_batches=4),
-        "run": MnistRunConfig(name="gpt_mnist_cpu", eval_batch_size=50),
+        "model": GPTConfig(vocab_size=17, max_len=197, d_model=128, num_heads=4, num_layers=4,
+                           d_ff=512),
+        "train": TrainConfig(learning_rate=2e-3, warmup_steps=100, steps=3000, batch_size=16,
+                             weight_decay=0.01, checkpoint_every=500, eval_every=1000, eval_batches=4),
+        "run": MnistRunConfig(name="gpt_mnist_cpu", eval_batch_size=250),
         "execution": ExecutionConfig(),
     },
 }

@@ -14,7 +14,7 @@ import sys
 from _local_data import or_local  # experiments/_local_data.py: ../shared/data beside the repo
 from txjax.config import ExecutionConfig, T5Config
 from txjax.tasks.spans import run_t5
-from txjax.tasks.text import TextRunConfig
+from txjax.tasks.text import FROM_TOKENIZER, TextRunConfig
 from txjax.train.cli import script_parser
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import train_script
@@ -40,7 +40,7 @@ PRESETS = {
 
 
 def make_parser(configs):
-    return script_parser(__doc__.splitlines()[0], configs, PRESETS)
+    return script_parser(__doc__.splitlines()[0], configs, PRESETS, fixed=FROM_TOKENIZER)
 
 
 def main(argv=None) -> dict:

@@ -37,3 +37,16 @@ def test_a_garbled_hugging_face_config_is_one_line_naming_the_file(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (f"error: {tmp_path / 'config.json'} is not valid JSON "
                                    "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1))")
+
+
+@pytest.mark.parametrize("script, flag", [("train_t5", "vocab_size"), ("train_bert", "pad_id"),
+                                          ("train_t5", "decoder_start_id")])
+def test_a_flag_the_run_sets_from_its_tokenizer_is_refused_not_overridden(script, flag, capsys):
+    from test_experiments import load_script
+
+    with pytest.raises(SystemExit) as exit_info:
+        load_script(script).main(["--preset", "cpu", f"--{flag}", "20"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--{flag} cannot be given here: the character tokenizer built from the corpus sets it" in err
+    assert "Traceback" not in err

@@ -37,7 +37,7 @@ def test_flags_are_generated_with_docs_and_defaults(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "--learning_rate FLOAT" in out and "peak learning rate" in out
-    assert "--d_model INT" in out and "D: residual stream width (default: 64)" in out
+    assert "--d_model INT" in out and "D: residual stream width (default: 128)" in out
     assert "--temperature FLOAT" in out and "--runs_dir STR" in out
 
 
@@ -67,7 +67,7 @@ def test_presets_and_overrides():
                               "--progress", "false", "--data", "/x.npz"])
     assert preset == "cpu"
     assert cfg["train"].steps == 7 and cfg["train"].batch_size == gpt.PRESETS["cpu"]["train"].batch_size
-    assert cfg["model"].dropout == 0.2 and cfg["model"].d_model == 64
+    assert cfg["model"].dropout == 0.2 and cfg["model"].d_model == 128
     assert cfg["run"].top_k is None and cfg["run"].data == "/x.npz" and cfg["train"].progress is False
     preset, cfg = parse(gpt, [])
     assert preset == "default" and cfg == gpt.PRESETS["default"]

@@ -150,8 +150,14 @@ def encode_masked(tok: CharTokenizer, prompt: str, mask_run) -> list[int]:
     return ids
 
 
+FROM_TOKENIZER = {name: "the character tokenizer built from the corpus sets it"
+                  for name in ("vocab_size", "pad_id", "eos_id", "decoder_start_id")}
+"""The model fields `with_vocab` sets: the text scripts refuse them as flags (txjax.train.cli `fixed`)."""
+
+
 def with_vocab(model_cfg, vocab_size: int, **ids):
     """The config with the tokenizer's vocabulary and special ids (they come from the data)."""
+    assert set(ids) | {"vocab_size"} <= set(FROM_TOKENIZER), ids
     return model_cfg.replace(vocab_size=vocab_size, **ids)
 
 

@@ -13,7 +13,8 @@ import argparse
 import dataclasses
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 _FIELD_RE = re.compile(r"^\s+(\w+)\s*:\s*[^=#]+?(?:=\s*[^#]*)?#\s*(.+?)\s*$")
@@ -68,17 +69,32 @@ def _converter(annotation: Any):
     return parse
 
 
-def add_config_flags(parser: argparse.ArgumentParser, config: Any, title: str, dest_prefix: str) -> None:
+def _refuse(flag: str, why: str):
+    def parse(value: str):
+        raise argparse.ArgumentTypeError(f"{flag} cannot be given here: {why}")
+
+    return parse
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config: Any, title: str, dest_prefix: str,
+                     fixed: Mapping[str, str] = MappingProxyType({})) -> None:
     """One `--field` per dataclass field of `config`, defaulting to `config`'s value.
 
     dest_prefix keeps the parsed values of each config apart (`model.d_model`); the
     flag itself is the bare field name, so names must be unique across configs.
+    fixed: field -> why the run sets it itself; such a flag is refused with that reason,
+    not accepted and then silently overridden.
     """
     group = parser.add_argument_group(title, inspect.getdoc(type(config)) or None)
     docs = field_docs(type(config))
     hints = {f.name: f.type for f in dataclasses.fields(config)}
     for f in dataclasses.fields(config):
         default = getattr(config, f.name)
+        if f.name in fixed:
+            group.add_argument(f"--{f.name}", dest=f"{dest_prefix}.{f.name}", default=argparse.SUPPRESS,
+                               type=_refuse(f"--{f.name}", fixed[f.name]), metavar="(refused)",
+                               help=f"set by the run: {fixed[f.name]}")
+            continue
         group.add_argument(
             f"--{f.name}",
             dest=f"{dest_prefix}.{f.name}",
@@ -90,10 +106,12 @@ def add_config_flags(parser: argparse.ArgumentParser, config: Any, title: str, d
 
 
 def build_parser(description: str, configs: dict[str, tuple[str, Any]], presets: Sequence[str] = (),
-                 default_preset: str | None = None) -> argparse.ArgumentParser:
+                 default_preset: str | None = None,
+                 fixed: Mapping[str, str] = MappingProxyType({})) -> argparse.ArgumentParser:
     """A parser with `--preset` (if presets) and flags for each config in `configs`.
 
-    configs: dest prefix -> (group title, config instance giving the defaults).
+    configs: dest prefix -> (group title, config instance giving the defaults);
+    fixed: flags refused, with the reason (see `add_config_flags`).
     """
     parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
     if presets:
@@ -109,7 +127,7 @@ def build_parser(description: str, configs: dict[str, tuple[str, Any]], presets:
             if f.name in seen or f.name == "preset":
                 raise ValueError(f"flag --{f.name} is defined by both {seen.get(f.name)} and {prefix}")
             seen[f.name] = prefix
-        add_config_flags(parser, config, title, prefix)
+        add_config_flags(parser, config, title, prefix, fixed)
     return parser
 
 
@@ -117,11 +135,13 @@ GROUP_TITLES = {"model": "model", "train": "training", "run": "run",
                 "execution": "execution: how it runs; may change when a run resumes"}
 
 
-def script_parser(description: str, configs: dict[str, Any], presets: Sequence[str]) -> argparse.ArgumentParser:
-    """A train script's parser: `--preset` (without it, the one for the backend) and a flag group per config."""
+def script_parser(description: str, configs: dict[str, Any], presets: Sequence[str],
+                  fixed: Mapping[str, str] = MappingProxyType({})) -> argparse.ArgumentParser:
+    """A train script's parser: `--preset` (without it, the one for the backend) and a flag group per config;
+    `fixed` names the flags the run sets itself (e.g. the vocabulary, from the tokenizer)."""
     return build_parser(
         description, {name: (f"{GROUP_TITLES.get(name, name)} ({type(c).__name__})", c) for name, c in configs.items()},
-        presets=list(presets))
+        presets=list(presets), fixed=fixed)
 
 
 def apply_flags(parser: argparse.ArgumentParser, args: argparse.Namespace,
