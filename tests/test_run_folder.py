@@ -8,7 +8,7 @@ import pytest
 
 from test_train import random_rows, shift, tiny_model
 from txjax.data import BatchIterator
-from txjax.train.checkpoint import CheckpointDamaged, Checkpointer, CheckpointMismatch
+from txjax.train.checkpoint import CheckpointDamaged, Checkpointer, CheckpointMismatch, CheckpointWriteError
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.rundir import RunDirError, claim_run_dir
@@ -121,3 +121,33 @@ def test_a_stray_empty_step_and_garbled_metadata_are_named_not_tracebacks(tmp_pa
     with pytest.raises(CheckpointDamaged, match="2 \\(meta/metadata differs from what was saved\\)"):
         reader.read_meta()
     reader.close()
+
+
+@pytest.mark.parametrize("error", [
+    ValueError("RESOURCE_EXHAUSTED: Error writing \"x\" in OCDBT database: Failed to write 623179 bytes to "
+               "file 22: No space left on device [os_error_code='28']"),  # what Orbax raises on a full disk
+    OSError(28, "No space left on device"),
+])
+def test_a_full_disk_is_one_line_naming_the_folder_and_the_step_to_resume(tmp_path, error, caplog):
+    from txjax.train.steps import Stepper
+
+    state = Stepper(tiny_model(), gpt_loss, CFG).init_state()
+    writer = Checkpointer(tmp_path / "ck", log=lambda *_: None)
+    writer.save(2, state, {"note": "x"})
+    real_save = writer.manager.save
+
+    def failing_save(*args, **kwargs):
+        import logging
+
+        logging.getLogger("absl").error("a long traceback from Orbax's thread")
+        raise error
+
+    writer.manager.save = failing_save
+    with pytest.raises(CheckpointWriteError) as info:
+        writer.save(4, state, {"note": "x"})
+    assert str(info.value) == (f"could not write checkpoint 4 in {tmp_path / 'ck'}: no space left on the device; "
+                               "after fixing it, the same command resumes from step 2")
+    assert "traceback from Orbax" not in caplog.text
+    writer.manager.save = real_save
+    assert writer.newest_intact() == 2
+    writer.close()

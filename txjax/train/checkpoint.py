@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import contextlib
+import errno
 import json
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,25 @@ def _digests(step_dir: Path) -> dict[str, str]:
 
 class CheckpointDamaged(ValueError):
     """No checkpoint in the folder (or not the one asked for) has the bytes it was saved with."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a lost mount); the older ones are untouched."""
+
+
+@contextlib.contextmanager
+def _absl_errors_silenced() -> Iterator[None]:
+    """Orbax logs a failed write's traceback (hundreds of lines) from its thread before raising it;
+    the caller reports the error itself, in one line."""
+    def drop(record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+    logger = logging.getLogger("absl")
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 class CheckpointMismatch(ValueError):
@@ -74,17 +96,29 @@ class Checkpointer:
         return list(self.manager.all_steps())
 
     def save(self, step: int, state: Any, meta: dict) -> None:
-        """Write `state` (a pytree of arrays) and `meta` (JSON-able) as checkpoint `step`."""
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
-        self.manager.wait_until_finished()
+        """Write `state` (a pytree of arrays) and `meta` (JSON-able) as checkpoint `step`.
+
+        A write that fails (e.g. a full disk) is a CheckpointWriteError naming the folder; the
+        step is left incomplete, so a resume starts from the newest complete one."""
         step_dir = self.directory / str(step)
-        tmp = step_dir / f".{DIGESTS}.tmp"
-        tmp.write_text(json.dumps(_digests(step_dir), indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, step_dir / DIGESTS)
+        try:
+            with _absl_errors_silenced():
+                self.manager.save(
+                    step,
+                    args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                    force=True,
+                )
+                self.manager.wait_until_finished()
+            tmp = step_dir / f".{DIGESTS}.tmp"
+            tmp.write_text(json.dumps(_digests(step_dir), indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, step_dir / DIGESTS)
+        except (OSError, ValueError) as err:
+            full = getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err)
+            why = "no space left on the device" if full else f"{type(err).__name__}: {str(err)[:300]}"
+            latest = max((s for s in self.all_steps() if s != step), default=None)
+            resume = (f"; after fixing it, the same command resumes from step {latest}" if latest is not None
+                      else "; no earlier checkpoint exists")
+            raise CheckpointWriteError(f"could not write checkpoint {step} in {self.directory}: {why}{resume}") from err
 
     def damage(self, step: int) -> str | None:
         """What is wrong with checkpoint `step`'s files, or None when they are as saved. A step

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
+from txjax.train.checkpoint import Checkpointer, CheckpointMismatch, CheckpointWriteError
 from txjax.train.cli import given_preset, parse_configs
 from txjax.train.config import TrainConfig
 from txjax.train.loop import NonFiniteLoss, RunDirError, fit, restore_or_init, write_json
@@ -136,7 +136,8 @@ def train_script(run_fn, presets: dict, make_parser, argv=None, *, locate: Calla
     log(preset_line(preset, given_preset(argv) is not None, why))
     try:
         return run_fn(cfg["model"], cfg["train"], locate(cfg["run"]), execution=cfg["execution"])
-    except (NonFiniteLoss, CheckpointMismatch, RunDirError, FileNotFoundError, ValueError) as err:
+    except (NonFiniteLoss, CheckpointMismatch, CheckpointWriteError, RunDirError, FileNotFoundError,
+            ValueError) as err:
         fail(str(err))
 
 
