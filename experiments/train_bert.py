@@ -20,7 +20,7 @@ from txjax.train.config import TrainConfig
 from txjax.train.experiment import train_script
 
 PRESETS = {
-    # Sized for one accelerator: 6 layers, D 384.
+    # Sized for one accelerator: 6 layers, D 384. Not yet run on a GPU.
     "default": {
         "model": BertConfig(max_len=256, d_model=384, num_heads=6, num_layers=6, d_ff=1536, dropout=0.1),
         "train": TrainConfig(learning_rate=5e-4, warmup_steps=500, steps=10000, batch_size=128,
@@ -28,12 +28,14 @@ PRESETS = {
         "run": TextRunConfig(name="bert_mlm", seq_len=256),
         "execution": ExecutionConfig(),
     },
-    # Sized for 2 CPU cores: a few minutes.
+    # Sized for 2 CPU cores, a few minutes: D 128, 3 layers, 64-character rows (more steps per second).
+    # 2026-12-01, under load, packaged excerpt: 550 steps, 303 ms/step, held-out masked accuracy 0.336
+    # (unigram baseline 0.148); the 0.50 target is not reached yet: loss sits at ~3.0 until step ~300.
     "cpu": {
-        "model": BertConfig(max_len=128, d_model=64, num_heads=2, num_layers=2, d_ff=256),
-        "train": TrainConfig(learning_rate=2e-3, warmup_steps=50, steps=300, batch_size=32,
-                             weight_decay=0.01, b2=0.98, checkpoint_every=100, eval_batches=2),
-        "run": TextRunConfig(name="bert_mlm_cpu", seq_len=128),
+        "model": BertConfig(max_len=64, d_model=128, num_heads=4, num_layers=3, d_ff=512),
+        "train": TrainConfig(learning_rate=3e-3, warmup_steps=60, steps=550, batch_size=64, weight_decay=0.01,
+                             b2=0.98, eval_every=275, checkpoint_every=550, eval_batches=2),
+        "run": TextRunConfig(name="bert_mlm_cpu", seq_len=64),
         "execution": ExecutionConfig(),
     },
 }

@@ -20,7 +20,7 @@ from txjax.train.config import TrainConfig
 from txjax.train.experiment import train_script
 
 PRESETS = {
-    # Sized for one accelerator: 6 layers, D 384.
+    # Sized for one accelerator: 6 layers, D 384. Not yet run on a GPU.
     "default": {
         "model": T5Config(d_model=384, num_heads=6, num_layers=6, d_ff=1536, dropout=0.1),
         "train": TrainConfig(learning_rate=5e-4, warmup_steps=500, steps=10000, batch_size=128,

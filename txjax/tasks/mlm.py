@@ -48,6 +48,16 @@ def mlm_transform(tok: CharTokenizer, rate: float):
     return transform
 
 
+def unigram_baseline(train_ids, targets, special_ids) -> dict:
+    """Accuracy of always predicting the training text's commonest ordinary token, over targets != -100."""
+    ids = np.asarray(train_ids).ravel()
+    ids = ids[~np.isin(ids, np.asarray(special_ids))]
+    top = int(np.bincount(ids).argmax())
+    t = np.asarray(targets).ravel()
+    t = t[t != -100]
+    return {"token": top, "accuracy": float((t == top).mean()) if t.size else 0.0}
+
+
 def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
              execution: ExecutionConfig | None = None, stop_at: int | None = None, log=print) -> dict:
     """Train BERT with MLM; report held-out MLM loss and accuracy; write the run folder."""
@@ -55,10 +65,12 @@ def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConf
     t0 = time.perf_counter()
     if run_cfg.packing == "stream":
         tok, train_ids, held_ids, name = corpus_split(run_cfg, "bert")
+        train_flat = train_ids
         transform = mlm_transform(tok, run_cfg.mask_rate)
         train_rows, held_rows = (bert_rows(ids, tok, run_cfg.seq_len) for ids in (train_ids, held_ids))
     else:  # documents, each [CLS] doc [SEP], packed or one per row, with document ids
         tok, train_docs, held_docs, name = corpus_documents(run_cfg, "bert")
+        train_flat = np.concatenate([np.asarray(d).ravel() for d in train_docs])
         transform = MLMPacking.from_tokenizer(tok, run_cfg.seq_len, run_cfg.mask_rate)
         train_rows, held_rows = (transform.rows(docs, packing=run_cfg.packing == "packed")
                                  for docs in (train_docs, held_docs))
@@ -69,14 +81,18 @@ def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConf
         f"held-out of {run_cfg.seq_len} tokens, vocab {tok.vocab_size}")
     model = Bert(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     log(f"BERT: {n_params(model):,} parameters")
-    stepper, state, fit_summary, _, final = train_with_held_out(
+    stepper, state, fit_summary, held, final = train_with_held_out(
         model, bert_loss, transform, train_rows, held_rows, tok, train_cfg, run_cfg, stop_at=stop_at, log=log)
+    base = unigram_baseline(train_flat, held["targets"], tok.special_ids)
     summary = {"heldout_mlm_loss": final["loss"], "heldout_mlm_accuracy": final["accuracy"],
+               "heldout_unigram_baseline_accuracy": base["accuracy"],
+               "unigram_baseline_token": tok.decode([base["token"]]),
                "heldout_predicted_tokens": final["tokens"], **fit_numbers(fit_summary),
                "total_wall_s": time.perf_counter() - t0}
     write_summary(run_cfg, summary, "MLM loss (nats / masked token)")
     log(f"held-out MLM loss {final['loss']:.4f} nats/token, accuracy {final['accuracy']:.4f} "
-        f"over {int(final['tokens'])} masked tokens")
+        f"over {int(final['tokens'])} masked tokens "
+        f"(unigram baseline, always {tok.decode([base['token']])!r}: {base['accuracy']:.4f})")
     return summary
 
 
@@ -99,4 +115,4 @@ def fill_masks(model, tok: CharTokenizer, prompt: str) -> str:
     return "".join(out)
 
 
-__all__ = ["bert_rows", "fill_masks", "mlm_transform", "run_bert"]
+__all__ = ["bert_rows", "fill_masks", "mlm_transform", "run_bert", "unigram_baseline"]

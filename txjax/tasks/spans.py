@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import jax
@@ -105,6 +106,12 @@ def show_spans(tok: CharTokenizer, ids: np.ndarray) -> str:
     return "".join(out)
 
 
+def blank_span_share(predicted: list[str]) -> float:
+    """Share of predicted span texts (`show_spans` strings) whose spans are all empty or whitespace."""
+    spans = [piece for text in predicted for piece in re.split(r"<\d+>", text)[1:]]
+    return sum(1 for sp in spans if not sp.strip()) / len(spans) if spans else 0.0
+
+
 def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
            execution: ExecutionConfig | None = None, stop_at: int | None = None, log=print) -> dict:
     """Train T5 with span corruption; report held-out loss and print decoded spans beside the truth."""
@@ -145,7 +152,9 @@ def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, 
                              "truth": show_spans(tok, held["targets"][i]),
                              "predicted": show_spans(tok, pred[i])})
     summary = {"heldout_loss": final["loss"], "heldout_token_accuracy": final["accuracy"],
-               "heldout_target_tokens": final["tokens"], "examples": examples,
+               "heldout_target_tokens": final["tokens"],
+               "blank_span_share": blank_span_share([ex["predicted"] for ex in examples]),
+               "blank_span_examples": len(examples), "examples": examples,
                **fit_numbers(fit_summary), "total_wall_s": time.perf_counter() - t0}
     write_summary(run_cfg, summary, "span loss (nats / target token)")
     log(f"held-out span-corruption loss {final['loss']:.4f} nats/token, token accuracy {final['accuracy']:.4f}")
@@ -154,4 +163,4 @@ def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, 
     return summary
 
 
-__all__ = ["fill_spans", "run_t5", "show_spans", "span_transform", "t5_decode", "t5_lengths"]
+__all__ = ["blank_span_share", "fill_spans", "run_t5", "show_spans", "span_transform", "t5_decode", "t5_lengths"]
