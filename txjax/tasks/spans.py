@@ -106,6 +106,10 @@ def show_spans(tok: CharTokenizer, ids: np.ndarray) -> str:
     return "".join(out)
 
 
+BLANK_SAMPLE = 64
+"""Held-out rows decoded greedily for `blank_span_share` in a run's summary."""
+
+
 def blank_span_share(predicted: list[str]) -> float:
     """Share of predicted span texts (`show_spans` strings) whose spans are all empty or whitespace."""
     spans = [piece for text in predicted for piece in re.split(r"<\d+>", text)[1:]]
@@ -139,25 +143,23 @@ def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, 
     log(f"T5: {n_params(model):,} parameters")
     stepper, state, fit_summary, held, final = train_with_held_out(
         model, t5_loss, transform, train_rows, held_rows, tok, train_cfg, run_cfg, stop_at=stop_at, log=log)
-    examples = []
-    if run_cfg.show:
-        n = min(run_cfg.show, len(held["enc_inputs"]))
-        # A packed row shows its first document: the encoder reads up to that document's end.
-        ids = held.get("enc_document_ids")
-        lengths = None if ids is None else (ids[:n] == 0).sum(axis=1)
-        pred = t5_decode(stepper.model(state.params), held["enc_inputs"][:n], targets_length,
-                         jax.random.key(train_cfg.seed), temperature=0.0, lengths_B=lengths)
-        for i in range(n):
-            examples.append({"input": show_spans(tok, held["enc_inputs"][i]),
-                             "truth": show_spans(tok, held["targets"][i]),
-                             "predicted": show_spans(tok, pred[i])})
+    # Greedy spans for at least BLANK_SAMPLE held-out rows (the blank-span share); `show` of them printed.
+    n = min(max(run_cfg.show, BLANK_SAMPLE), len(held["enc_inputs"]))
+    # A packed row shows its first document: the encoder reads up to that document's end.
+    ids = held.get("enc_document_ids")
+    lengths = None if ids is None else (ids[:n] == 0).sum(axis=1)
+    pred = t5_decode(stepper.model(state.params), held["enc_inputs"][:n], targets_length,
+                     jax.random.key(train_cfg.seed), temperature=0.0, lengths_B=lengths)
+    predicted = [show_spans(tok, row) for row in pred]
+    examples = [{"input": show_spans(tok, held["enc_inputs"][i]), "truth": show_spans(tok, held["targets"][i]),
+                 "predicted": predicted[i]} for i in range(min(run_cfg.show, n))]
     summary = {"heldout_loss": final["loss"], "heldout_token_accuracy": final["accuracy"],
                "heldout_target_tokens": final["tokens"],
-               "blank_span_share": blank_span_share([ex["predicted"] for ex in examples]),
-               "blank_span_examples": len(examples), "examples": examples,
+               "blank_span_share": blank_span_share(predicted), "blank_span_examples": n, "examples": examples,
                **fit_numbers(fit_summary), "total_wall_s": time.perf_counter() - t0}
     write_summary(run_cfg, summary, "span loss (nats / target token)")
-    log(f"held-out span-corruption loss {final['loss']:.4f} nats/token, token accuracy {final['accuracy']:.4f}")
+    log(f"held-out span-corruption loss {final['loss']:.4f} nats/token, token accuracy {final['accuracy']:.4f}; "
+        f"blank (empty or whitespace) predicted spans {summary['blank_span_share']:.3f} over {n} rows")
     for ex in examples:
         log(f"  input:     {ex['input']!r}\n  truth:     {ex['truth']!r}\n  predicted: {ex['predicted']!r}")
     return summary
