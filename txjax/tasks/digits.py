@@ -82,11 +82,15 @@ def train_classifier(bits_BHW: np.ndarray, labels_B: np.ndarray, cfg: DigitClass
     return {k: np.asarray(v) for k, v in params.items()}
 
 
+@jax.jit
+def _probs(params: dict, x_BP: jax.Array) -> jax.Array:
+    return jax.nn.softmax(_logits(params, x_BP))
+
+
 def classify(params: dict, bits_BHW: np.ndarray, batch_size: int = 2000) -> np.ndarray:
     """Class probabilities [N, 10] for on/off images [N, 28, 28]."""
-    probs = jax.jit(lambda p, x: jax.nn.softmax(_logits(p, x)))
     x_NP = _flat(bits_BHW)
-    out = [np.asarray(probs(params, x_NP[i: i + batch_size])) for i in range(0, len(x_NP), batch_size)]
+    out = [np.asarray(_probs(params, x_NP[i: i + batch_size])) for i in range(0, len(x_NP), batch_size)]
     return np.concatenate(out) if out else np.zeros((0, 10), np.float32)
 
 

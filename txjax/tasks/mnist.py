@@ -21,8 +21,8 @@ from txjax.config import ExecutionConfig, GPTConfig
 from txjax.data import BatchIterator, PatchTokenizer, ar_shift, load_mnist
 from txjax.decoding import check_sampling, generate
 from txjax.models import GPT
-from txjax.tasks.digits import CONFIDENT, accuracy, cached_classifier, digit_quality
 from txjax.ops import token_nll
+from txjax.tasks.digits import CONFIDENT, accuracy, cached_classifier, digit_quality
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import prepare_run_dir, write_json
@@ -140,12 +140,6 @@ def sample_patches(model, tok: PatchTokenizer, n: int, key, temperature: float =
         out.append(tokens_BT[:, -(tok.seq_len - 1):])
     patches = np.concatenate(out)
     return np.where(patches >= tok.bos_id, 0, patches).astype(np.int32)
-
-
-def sample_digits(model, tok: PatchTokenizer, n: int, key, temperature: float = 1.0,
-                  top_k: int | None = None) -> np.ndarray:
-    """n sampled images [n, 28, 28] in {0.0, 1.0}."""
-    return tok.decode(sample_patches(model, tok, n, key, temperature, top_k), dtype=np.float32)
 
 
 def save_samples(path, tok: PatchTokenizer, patches_NT: np.ndarray) -> None:

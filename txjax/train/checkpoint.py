@@ -12,10 +12,10 @@ one is read, saying which damaged ones it passed over.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import contextlib
+import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import os
