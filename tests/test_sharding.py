@@ -27,7 +27,8 @@ TIMEOUT_S = 540
 
 def worker_env(devices: int, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
-    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    flags = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    env.update(XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **extra)
     return env
 
