@@ -29,10 +29,10 @@ PRESETS = {
         "execution": ExecutionConfig(),
     },
     # Sized for 2 CPU cores: a few minutes; 64-character encoder rows (14 decoder tokens), B 64.
-    # 2026-12-02, light load (rising to ~3 by the end), tinyshakespeare: 1200 steps, 217 ms/step, 315 s end to
-    # end; held-out target-token accuracy 0.392, blank-span share 0.333. The 0.45 / 10% targets are not
-    # reached: greedy spans are the same for every row, and teacher-forced held-out loss barely moves
-    # when the encoder rows are shuffled, so the decoder has not yet learnt to read the encoder.
+    # 2026-12-02, tinyshakespeare, idle: 1200 steps, 245 ms/step, 311 s end to end; held-out
+    # target-token accuracy 0.392, blank-span share 0.333. The 0.45 / 10% targets are not reached:
+    # greedy spans are the same for every row, and teacher-forced held-out loss barely moves when
+    # the encoder rows are shuffled, so the decoder has not yet learnt to read the encoder.
     "cpu": {
         "model": T5Config(d_model=128, num_heads=4, num_layers=3, d_ff=512),
         "train": TrainConfig(learning_rate=3e-3, warmup_steps=100, steps=1200, batch_size=64,

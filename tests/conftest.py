@@ -45,8 +45,9 @@ def _compile_without_llvm_optimization():
 
     The suite runs tiny programs a few times each, so LLVM's optimization pipeline was most of
     the compile time and none of the run time that mattered; at -O0 the suite took 8:22
-    instead of ~14:30 on 2 cores (together with the shared cache above). Float results do not
-    depend on it (XLA:CPU runs without fast-math by default). Inherited by the subprocesses;
+    instead of ~14:30 on 2 cores (together with the shared cache above). XLA:CPU runs without
+    fast-math either way, so results can differ only in the last bits (FMA contraction), which
+    the tests' tolerances allow for, as they do between backends. Inherited by the subprocesses;
     `XLA_FLAGS=--xla_backend_optimization_level=2 pytest ...` tests the optimized code instead.
     """
     flags = os.environ.get("XLA_FLAGS", "")
