@@ -9,7 +9,7 @@ import numpy as np
 from flax import nnx
 
 from txjax.config import BertConfig, ExecutionConfig
-from txjax.data import CharTokenizer, MLMPacking, mlm_mask, pack_tokens
+from txjax.data import IGNORE_INDEX, CharTokenizer, MLMPacking, mlm_mask, pack_tokens
 from txjax.models import Bert
 from txjax.tasks.text import (
     TextRunConfig,
@@ -49,12 +49,12 @@ def mlm_transform(tok: CharTokenizer, rate: float):
 
 
 def unigram_baseline(train_ids, targets, special_ids) -> dict:
-    """Accuracy of always predicting the training text's commonest ordinary token, over targets != -100."""
+    """Accuracy of always predicting the training text's commonest ordinary token, over the scored targets."""
     ids = np.asarray(train_ids).ravel()
     ids = ids[~np.isin(ids, np.asarray(special_ids))]
     top = int(np.bincount(ids).argmax())
     t = np.asarray(targets).ravel()
-    t = t[t != -100]
+    t = t[t != IGNORE_INDEX]
     return {"token": top, "accuracy": float((t == top).mean()) if t.size else 0.0}
 
 
@@ -81,7 +81,7 @@ def run_bert(model_cfg: BertConfig, train_cfg: TrainConfig, run_cfg: TextRunConf
         f"held-out of {run_cfg.seq_len} tokens, vocab {tok.vocab_size}")
     model = Bert(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     log(f"BERT: {n_params(model):,} parameters")
-    stepper, state, fit_summary, held, final = train_with_held_out(
+    _, _, fit_summary, held, final = train_with_held_out(
         model, bert_loss, transform, train_rows, held_rows, tok, train_cfg, run_cfg, stop_at=stop_at, log=log)
     base = unigram_baseline(train_flat, held["targets"], tok.special_ids)
     summary = {"heldout_mlm_loss": final["loss"], "heldout_mlm_accuracy": final["accuracy"],

@@ -94,12 +94,13 @@ def fill_spans(model, tok: CharTokenizer, prompt: str, key, temperature: float =
 def show_spans(tok: CharTokenizer, ids: np.ndarray) -> str:
     """Readable span text: up to EOS, sentinels as <k>, no padding."""
     out = []
+    sentinels = set(tok.sentinel_ids.tolist())
     for i in np.asarray(ids).tolist():
         if i == tok.eos_id:
             break
         if i == tok.pad_id:
             continue
-        if i in set(tok.sentinel_ids.tolist()):
+        if i in sentinels:
             out.append(f"<{tok.vocab_size - 1 - i}>")
         else:
             out.append(tok.decode([i]))
