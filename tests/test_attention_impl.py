@@ -149,6 +149,40 @@ def test_cpu_attention_gradient_numerically():
                 (q, k, v), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
 
 
+def test_cpu_attention_in_bfloat16_accumulates_in_float32_with_bfloat16_dots():
+    """bfloat16 q, k, v: the output and gradients are the float32 formula's on the same numbers
+    (to bfloat16's precision), the causal blocks' gradient sums run in float32, and every dot,
+    forward and backward, in every block, is bfloat16 x bfloat16 -> float32."""
+    from tests.hlo_dots import dots
+
+    t = 16
+    q, k, v = (jax.random.normal(jax.random.key(i), (B, t, N, H)) for i in range(3))
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    bias = ops.mask_to_bias(ops.causal_mask(t))
+    w = jnp.cos(jnp.arange(B * t * N * H, dtype=jnp.float32)).reshape(B, t, N, H)
+
+    def value_and_grads(attention, *qkv):
+        f = jax.value_and_grad(lambda q, k, v: jnp.sum(w * attention(
+            q, k, v, bias, causal_block_size=8).astype(jnp.float32)), (0, 1, 2))
+        return jax.jit(f)(*qkv)
+
+    out = xla_cpu.dot_product_attention(q, k, v, bias, causal_block_size=8)
+    assert out.dtype == jnp.bfloat16
+    exact = ops.dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), bias)
+    np.testing.assert_allclose(out.astype(jnp.float32), exact, rtol=2e-2, atol=2e-2)
+    (_, grads), (_, exact_grads) = (value_and_grads(xla_cpu.dot_product_attention, q, k, v),
+                                    value_and_grads(ops.dot_product_attention,
+                                                    *(x.astype(jnp.float32) for x in (q, k, v))))
+    for g, e in zip(grads, exact_grads):
+        assert g.dtype == jnp.bfloat16
+        np.testing.assert_allclose(g.astype(jnp.float32), e, rtol=5e-2, atol=5e-2)
+
+    grad = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(xla_cpu.dot_product_attention(
+        q, k, v, bias, causal_block_size=8).astype(jnp.float32) ** 2), (0, 1, 2)))
+    found = dots(grad.lower(q, k, v).compile().as_text())  # 2 query blocks x (2 forward + 4 backward)
+    assert len(found) == 2 * 6 and all(d[:3] == ("f32", "bf16", "bf16") for d in found), found
+
+
 def test_cpu_attention_gradient_dots_all_contract_the_left_operands_last_axis():
     """What the custom VJPs are for: no batched dot in the compiled gradient contracts the query
     axis of its left operand (the form XLA:CPU hands to Eigen at a third of YNNPACK's speed)."""

@@ -30,6 +30,22 @@ def test_gelu_matches_jax_exact_gelu_values_and_gradients(shift, spread):
     np.testing.assert_allclose(grad, ref, atol=2e-6)
 
 
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_activations_of_narrow_floats_are_computed_in_float32(name, dtype):
+    """One rounding, at the end: the float32 value rounded, and its gradient likewise."""
+    from txjax.ops import ACTIVATIONS
+
+    fn = ACTIVATIONS[name]
+    x = jnp.linspace(-5.0, 5.0, 513).astype(dtype)
+    y = fn(x)
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(y, fn(x.astype(jnp.float32)).astype(dtype))
+    grad = jax.vmap(jax.grad(lambda v: fn(v).astype(jnp.float32)))(x)
+    exact = jax.vmap(jax.grad(fn))(x.astype(jnp.float32)).astype(dtype)
+    np.testing.assert_array_equal(grad, exact)
+
+
 @pytest.mark.parametrize("family,position", [("gpt", "alibi"), ("t5", "t5")])
 def test_causal_blocks_in_the_model_change_nothing(family, position):
     """Query blocks of 2 (T = 7: 4 blocks) against one block: logits and every gradient,
@@ -104,12 +120,39 @@ def test_dense_kernel_gradient_numerically_and_in_the_fast_form():
         assert len(lhs_contracting) == 3 and set(lhs_contracting) == {"1"}
 
 
-def test_dense_in_bfloat16_is_nnx_linear():
-    """Other dtypes keep nnx.Linear's own path: bit-identical outputs."""
-    dense = Dense(6, 3, dtype=jnp.bfloat16, xla_cpu_grads=True, rngs=nnx.Rngs(0))
-    linear = nnx.Linear(6, 3, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
-    x = jax.random.normal(jax.random.key(1), (2, 6))
-    np.testing.assert_array_equal(dense(x), linear(x))
+def test_dense_in_bfloat16_accumulates_in_float32_with_bfloat16_dots():
+    """bfloat16 takes the fast path too: bfloat16 operands, float32 accumulation and bias, one
+    rounding at the end; its gradients are the float32 ones of the same bfloat16 numbers (to
+    bfloat16's precision); and every dot of forward and backward is bfloat16 x bfloat16 ->
+    float32, the form XLA:CPU runs with its bfloat16 kernels (not converted to float32 first)."""
+    from tests.hlo_dots import dots
+
+    dense = Dense(16, 24, dtype=jnp.bfloat16, xla_cpu_grads=True, rngs=nnx.Rngs(0))
+    dense.bias[...] = jnp.linspace(-1.0, 1.0, 24)
+    x = jax.random.normal(jax.random.key(1), (2, 8, 16)).astype(jnp.bfloat16)
+    w = jnp.cos(jnp.arange(2 * 8 * 24, dtype=jnp.float32)).reshape(2, 8, 24)
+    kernel, bias = dense.kernel[...].astype(jnp.bfloat16).astype(jnp.float32), dense.bias[...]
+
+    y = dense(x)
+    assert y.dtype == jnp.bfloat16
+    expected = x.astype(jnp.float32) @ kernel + bias[None, None]
+    np.testing.assert_allclose(y.astype(jnp.float32), expected, rtol=2**-8, atol=2**-8)
+
+    def loss(m, x):
+        return jnp.sum(w * m(x).astype(jnp.float32))
+
+    grad_kernel, grad_x = nnx.grad(loss, argnums=(0, 1))(dense, x)
+    exact_kernel, exact_x = jax.grad(lambda k, x: jnp.sum(w * (x @ k)), (0, 1))(kernel, x.astype(jnp.float32))
+    np.testing.assert_allclose(grad_kernel.kernel[...], exact_kernel, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(grad_x.astype(jnp.float32), exact_x, rtol=2e-2, atol=2e-2)
+    # the output's cotangent is w rounded to bfloat16; the bias gradient sums it in float32
+    np.testing.assert_allclose(grad_kernel.bias[...], jnp.sum(w.astype(jnp.bfloat16).astype(jnp.float32), axis=(0, 1)),
+                               rtol=1e-6)
+
+    k16 = kernel.astype(jnp.bfloat16)
+    step = jax.jit(jax.value_and_grad(lambda x, k: jnp.sum(xla_cpu.dense(x, k, bias).astype(jnp.float32) ** 2), (0, 1)))
+    found = dots(step.lower(x, k16).compile().as_text())
+    assert len(found) == 3 and all(d[:3] == ("f32", "bf16", "bf16") for d in found), found
 
 
 def test_execution_config_picks_the_gradient_forms_visibly():

@@ -69,6 +69,32 @@ def test_bf16_training_lowers_the_loss():
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
 
 
+def _losses(dtype: str, steps: int) -> list[float]:
+    """Per-step losses of a small GPT trained from seed 0 on a fixed stream of batches
+    (counting sequences: token t+1 = token t + 1 mod 50, so there is something to learn)."""
+    cfg = TrainConfig(batch_size=8, warmup_steps=5, learning_rate=3e-3, steps=steps)
+    stepper = Stepper(GPT(GPT_CFG.replace(dtype=dtype), rngs=nnx.Rngs(0)), gpt_loss, cfg)
+    rng = np.random.default_rng(2)
+    state, losses = stepper.init_state(), []
+    for _ in range(steps):
+        rows = ((rng.integers(0, 50, (8, 1)) + np.arange(17)) % 50).astype(np.int32)
+        state, metrics = stepper.train_step(state, {"inputs": rows[:, :-1], "targets": rows[:, 1:]},
+                                            jax.random.key(0))
+        losses.append(float(metrics["loss"]))
+    return losses
+
+
+@pytest.mark.slow
+def test_bf16_loss_curve_follows_float32():
+    """Mixed bfloat16 (on CPU: txjax.ops.xla_cpu's bfloat16 dots) trains like float32: over 60
+    steps, from the same init on the same batches, the two loss curves differ by < 1% of the
+    float32 loss at every step (measured: at most 0.02%), while the loss falls by > 2x."""
+    f32, bf16 = _losses("float32", 60), _losses("bfloat16", 60)
+    gap = max(abs(a - b) / a for a, b in zip(f32, bf16))
+    assert f32[-1] < f32[0] / 2, f32
+    assert 0.0 < gap < 0.01, (gap, f32, bf16)  # > 0: the bfloat16 run really rounded
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt", "bert", "t5"])
 def test_remat_gives_the_same_gradients(family):

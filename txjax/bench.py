@@ -283,13 +283,19 @@ def execution_from_args(args: argparse.Namespace) -> ExecutionConfig:
     return ExecutionConfig(**fields)
 
 
-def main(argv=None) -> dict:
+def main(argv=None, host_memory: bool | None = None) -> dict:
+    """`host_memory`: what `txjax.hostmem.reuse_host_memory()` returned before JAX ran (None: not
+    called), reported because it moves the CPU step time by ~20%."""
     args = parse_args(argv)
     config, execution = config_from_args(args), execution_from_args(args)
     bench = BenchConfig(batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
                         burst=args.burst)
     result = bench_train(config, bench, execution)
+    result["host_memory_reused"] = host_memory
     print(format_table(config, result, execution))
+    print("  host memory: " + {True: "one malloc arena, reused from step to step (txjax.hostmem)",
+                               False: "glibc's default malloc (TXJAX_MALLOC=default, an accelerator, or not glibc)",
+                               None: "malloc as the caller left it (txjax.hostmem not called here)"}[host_memory])
     if args.decode:
         result.update(bench_decode(config, args.batch, args.decode))
         print(f"  cached decoding, {args.decode} new tokens x {args.batch} rows: "
@@ -329,5 +335,4 @@ def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: st
 if __name__ == "__main__":
     from txjax.hostmem import reuse_host_memory
 
-    reuse_host_memory()  # before JAX runs anything: see txjax/hostmem.py
-    main()
+    main(host_memory=reuse_host_memory())  # before JAX runs anything: see txjax/hostmem.py

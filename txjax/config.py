@@ -51,7 +51,7 @@ class ExecutionConfig:
     attention_impl: str = "reference"  # "reference" (txjax.ops), "xla" or "cudnn" (jax.nn.dot_product_attention; cudnn: NVIDIA GPU only)
     causal_block_size: int | None = 64  # causal self-attention in query blocks of ~this size that skip the masked keys above the diagonal; None: one block (cudnn: never blocked, its kernel skips them itself)
     remat: bool = False  # recompute each block's activations in the backward pass (gradient checkpointing)
-    grad_forms: str = "auto"  # float32 matmul gradients: "xla_cpu" (txjax.ops.xla_cpu, fast on XLA:CPU), "autodiff", or "auto": xla_cpu when JAX's default backend is the CPU
+    grad_forms: str = "auto"  # float32 and bfloat16 matmuls: "xla_cpu" (txjax.ops.xla_cpu, the forms fast on XLA:CPU), "autodiff" (the plain ops), or "auto": xla_cpu when JAX's default backend is the CPU
 
     def __post_init__(self):
         for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("grad_forms", GRAD_FORMS)):

@@ -106,21 +106,20 @@ def make_norm(config: TransformerConfig) -> LayerNorm | RMSNorm:
 
 
 class Dense(nnx.Linear):
-    """`nnx.Linear` (same parameters, same values); with `xla_cpu_grads` its float32 kernel
-    gradient takes the form XLA:CPU runs fast (`txjax.ops.xla_cpu.dense`)."""
+    """`nnx.Linear` (same parameters, same values); with `xla_cpu_grads`, float32 and bfloat16
+    run through `txjax.ops.xla_cpu.dense`: the forms XLA:CPU runs fast, float32 accumulation
+    and a float32 bias."""
 
     def __init__(self, *args, xla_cpu_grads: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.xla_cpu_grads = xla_cpu_grads
 
     def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
-        float32 = jnp.dtype(self.dtype or inputs.dtype) == jnp.float32
-        if not (self.xla_cpu_grads and float32) or out_sharding is not None or self.precision is not None:
+        fast = jnp.dtype(self.dtype or inputs.dtype) in xla_cpu.DTYPES
+        if not (self.xla_cpu_grads and fast) or out_sharding is not None or self.precision is not None:
             return super().__call__(inputs, out_sharding)
-        kernel = self.kernel[...]
-        bias = self.bias[...] if self.bias is not None else None
-        inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
-        return xla_cpu.dense(inputs, kernel, bias)
+        inputs, kernel = self.promote_dtype((inputs, self.kernel[...]), dtype=self.dtype)
+        return xla_cpu.dense(inputs, kernel, self.bias[...] if self.bias is not None else None)
 
 
 def dense_kwargs(config: TransformerConfig, execution: ExecutionConfig, rngs: nnx.Rngs, **changes) -> dict:

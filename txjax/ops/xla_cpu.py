@@ -1,100 +1,152 @@
-"""The matmul gradients in the form XLA:CPU runs fast; chosen by `ExecutionConfig.grad_forms`.
+"""The matmuls of a train step in the forms XLA:CPU runs fast; chosen by `ExecutionConfig.grad_forms`.
 
-Autodiff of y = x w writes dw = x^T dy, a dot that contracts the rows of its left operand
-(the token axis). XLA:CPU gives that form to Eigen, or first copies the wider operand
-transposed, while the plain [M, K] @ [K, N] form goes to its YNNPACK fusions. The custom
-VJPs here (`matmul_nn`, `matmul_nt`, their weight-side gradient `matmul_tn`) copy the
-*narrower* operand transposed (x^T, or dy^T and then transpose the small result) and never
-leave the rows contracted. `dense` and `dot_product_attention` are `txjax.ops`' functions
-with these matmuls (for attention: dk = dS^T q and dv = P^T dO); the values are the same,
-only the backward pass's form differs. They are for float32 on XLA:CPU: for any other dtype
-they return the plain ops' result (on GPU and TPU the transposed forms cost nothing, so
-`txjax.nn` picks these only on the CPU; see txjax.config.ExecutionConfig).
+Two findings about XLA:CPU (BUILD.md, "Measuring") shape everything here:
+
+- It runs a dot fast (YNNPACK) only in the [M, K] @ [K, N] and [M, K] @ [N, K] forms.
+  Autodiff of y = x w writes dw = x^T dy, a dot that contracts the rows of its left operand
+  (the token axis), which XLA:CPU gives to Eigen or runs after copying the wider operand
+  transposed. The custom VJPs here (`matmul_nn`, `matmul_nt`, their weight-side gradient
+  `matmul_tn`) copy the *narrower* operand transposed (x^T, or dy^T and then transpose the
+  small result) and never leave the rows contracted.
+- A bfloat16 dot with a bfloat16 result is run as float32 x float32 (converted operands);
+  only bfloat16 x bfloat16 -> float32 reaches the bfloat16 kernels (~2x the float32 rate on
+  AVX512-BF16). So every dot here accumulates in float32 (`preferred_element_type`) and casts
+  its result; gradients enter the backward dots in the operands' dtype, as under PyTorch's
+  autocast. In float32 the casts are no-ops and the values those of the plain formulas.
+
+`dense` and `dot_product_attention` are `txjax.ops`' functions with these matmuls (for
+attention: dk = dS^T q and dv = P^T dO); only the backward pass's form differs. They take
+float32 or bfloat16 operands (one dtype); for any other they return the plain ops' result.
+On GPU and TPU the transposed forms cost nothing, so `txjax.nn` picks these only on the
+CPU (see txjax.config.ExecutionConfig).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from txjax.ops import attention, linear
 
+DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+"""The operand dtypes these forms are for."""
 
-def _float32(*xs: jax.Array) -> bool:
-    return all(x.dtype == jnp.float32 for x in xs)
+
+def supported(*xs: jax.Array) -> bool:
+    """All of xs in one of `DTYPES`."""
+    return len({x.dtype for x in xs}) == 1 and xs[0].dtype in DTYPES
+
+
+def _dot(spec: str, a: jax.Array, b: jax.Array, out_dtype) -> jax.Array:
+    """einsum(spec, a, b) accumulated in float32, cast to out_dtype."""
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
 def swap_copy(x: jax.Array) -> jax.Array:
-    """x's last two axes swapped as a real copy: the barriers keep XLA from folding the swap
-    into the dot that makes x or the one that takes the copy (and so back into the slow form).
-    Fencing both sides measured ~1-2% faster than fencing only the side that needs it."""
+    """x's last two axes swapped as a real, row-major copy, which no XLA pass folds back into
+    the dot that makes x or the one that takes it (the slow form again). The barriers fence
+    both sides (~1-2% faster than one); the swapped array passes the outer one flattened,
+    because XLA lays a transpose out as a relabelling of its operand's axes (a column-major
+    view), and a bfloat16 dot with such an operand is converted to float32 x float32 before
+    any later pass makes the copy; flattening a transposed view needs the copy."""
     barrier = jax.lax.optimization_barrier
-    return barrier(jnp.swapaxes(barrier(x), -1, -2))
+    x_NM = jnp.swapaxes(barrier(x), -1, -2)
+    return barrier(x_NM.reshape(*x_NM.shape[:-2], -1)).reshape(x_NM.shape)
 
 
-def matmul_tn(a_KM: jax.Array, b_KN: jax.Array) -> jax.Array:
+def matmul_tn(a_KM: jax.Array, b_KN: jax.Array, out_dtype=None) -> jax.Array:
     """a^T b, contracting the second-to-last axis of both (batch axes before it), as an
     [M, K] @ [K, N] dot: the narrower of a and b is copied transposed; when that is b, the
     product is taken as (b^T a)^T and its small [N, M] result transposed."""
+    out_dtype = out_dtype or a_KM.dtype
     if a_KM.shape[-1] <= b_KN.shape[-1]:
-        return jnp.einsum("...MK,...KN->...MN", swap_copy(a_KM), b_KN)
-    return swap_copy(jnp.einsum("...NK,...KM->...NM", swap_copy(b_KN), a_KM))
+        return _dot("...MK,...KN->...MN", swap_copy(a_KM), b_KN, out_dtype)
+    return swap_copy(_dot("...NK,...KM->...NM", swap_copy(b_KN), a_KM, out_dtype))
 
 
-@jax.custom_vjp
-def matmul_nn(a_MK: jax.Array, b_KN: jax.Array) -> jax.Array:
-    """a @ b; its gradient for b is `matmul_tn(a, d)`, not autodiff's a^T d."""
-    return jnp.einsum("...MK,...KN->...MN", a_MK, b_KN)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def matmul_nn(a_MK: jax.Array, b_KN: jax.Array, out_dtype=None) -> jax.Array:
+    """a @ b in out_dtype (default a's); its gradient for b is `matmul_tn(a, d)`, not autodiff's a^T d."""
+    return _dot("...MK,...KN->...MN", a_MK, b_KN, out_dtype or a_MK.dtype)
 
 
-def _nn_fwd(a_MK, b_KN):
-    return matmul_nn(a_MK, b_KN), (a_MK, b_KN)
+def _nn_fwd(a_MK, b_KN, out_dtype):
+    return matmul_nn(a_MK, b_KN, out_dtype), (a_MK, b_KN)
 
 
-def _nn_bwd(res, d_MN):
+def _nn_bwd(out_dtype, res, d_MN):
     a_MK, b_KN = res
-    return jnp.einsum("...MN,...KN->...MK", d_MN, b_KN), matmul_tn(a_MK, d_MN)
+    d_MN = d_MN.astype(a_MK.dtype)
+    return _dot("...MN,...KN->...MK", d_MN, b_KN, a_MK.dtype), matmul_tn(a_MK, d_MN, b_KN.dtype)
 
 
 matmul_nn.defvjp(_nn_fwd, _nn_bwd)
 
 
-@jax.custom_vjp
-def matmul_nt(a_MK: jax.Array, b_NK: jax.Array) -> jax.Array:
-    """a @ b^T; its gradient for b is `matmul_tn(d, a)`, not autodiff's d^T a."""
-    return jnp.einsum("...MK,...NK->...MN", a_MK, b_NK)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def matmul_nt(a_MK: jax.Array, b_NK: jax.Array, out_dtype=None) -> jax.Array:
+    """a @ b^T in out_dtype (default a's); its gradient for b is `matmul_tn(d, a)`, not autodiff's d^T a."""
+    return _dot("...MK,...NK->...MN", a_MK, b_NK, out_dtype or a_MK.dtype)
 
 
-def _nt_fwd(a_MK, b_NK):
-    return matmul_nt(a_MK, b_NK), (a_MK, b_NK)
+def _nt_fwd(a_MK, b_NK, out_dtype):
+    return matmul_nt(a_MK, b_NK, out_dtype), (a_MK, b_NK)
 
 
-def _nt_bwd(res, d_MN):
+def _nt_bwd(out_dtype, res, d_MN):
     a_MK, b_NK = res
-    return jnp.einsum("...MN,...NK->...MK", d_MN, b_NK), matmul_tn(d_MN, a_MK)
+    d_MN = d_MN.astype(a_MK.dtype)
+    return _dot("...MN,...NK->...MK", d_MN, b_NK, a_MK.dtype), matmul_tn(d_MN, a_MK, b_NK.dtype)
 
 
 matmul_nt.defvjp(_nt_fwd, _nt_bwd)
 
 
 def dense(x: jax.Array, kernel_DF: jax.Array, bias_F: jax.Array | None = None) -> jax.Array:
-    """x [..., D] @ kernel [D, F] + bias [F], as `txjax.ops.dense`; in float32 the leading axes
-    are flattened into one token axis M and the kernel's gradient is `matmul_tn`."""
-    if not _float32(x, kernel_DF):
+    """x [..., D] @ kernel [D, F] + bias [F], as `txjax.ops.dense`: the leading axes flattened
+    into one token axis M, the kernel's gradient `matmul_tn`, the bias added (and its gradient
+    summed) in float32 before the result is cast to x's dtype."""
+    if not supported(x, kernel_DF):
         return linear.dense(x, kernel_DF, bias_F)
-    y = matmul_nn(x.reshape(-1, x.shape[-1]), kernel_DF).reshape(*x.shape[:-1], kernel_DF.shape[1])
-    return y if bias_F is None else y + jnp.reshape(bias_F, (1,) * (y.ndim - 1) + (-1,))
+    y_MF = matmul_nn(x.reshape(-1, x.shape[-1]), kernel_DF, jnp.float32)
+    if bias_F is not None:
+        y_MF = y_MF + bias_F.astype(jnp.float32)[None, :]
+    return y_MF.astype(x.dtype).reshape(*x.shape[:-1], kernel_DF.shape[1])
 
 
-def _pv(weights_BNTS: jax.Array, v_BNSH: jax.Array) -> jax.Array:
-    return matmul_nn(weights_BNTS.astype(v_BNSH.dtype), v_BNSH)
+def _row_major(x: jax.Array, dtype) -> jax.Array:
+    """x in dtype; in bfloat16 also a row-major array where x was a transposed view (the
+    heads-major q, k, v): flattened past a barrier, which a view cannot be without a copy
+    (see swap_copy). In float32 XLA makes that copy itself, later and cheaper (measured)."""
+    x = x.astype(dtype)
+    if x.dtype == jnp.float32:
+        return x
+    return jax.lax.optimization_barrier(x.reshape(-1)).reshape(x.shape)
 
 
 def dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, implementation="reference",
                           causal_block_size=None) -> jax.Array:
-    """`txjax.ops.dot_product_attention`, its reference formula with the custom-VJP matmuls."""
-    if implementation != "reference" or not _float32(q_BTNH, k_BSNH, v_BSNH):
+    """`txjax.ops.dot_product_attention`, its reference formula with the custom-VJP matmuls.
+
+    In bfloat16, q, k and v enter the formula in float32 and are cast back only as the
+    matmuls' operands: the heads-major copies, the causal blocks' slices and the sums of
+    their key and value gradients then run in float32 (XLA:CPU has no bfloat16 arithmetic,
+    and converted around every add they took 4x as long), and the scores, weights and
+    output are accumulated in float32; only the output is cast to the inputs' dtype."""
+    if implementation != "reference" or not supported(q_BTNH, k_BSNH, v_BSNH):
         return attention.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, implementation,
                                                causal_block_size)
-    return attention.reference_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size,
-                                         qk=matmul_nt, pv=_pv)
+    dtype = q_BTNH.dtype
+
+    def qk(q_BNTH, k_BNSH):
+        return matmul_nt(_row_major(q_BNTH, dtype), _row_major(k_BNSH, dtype), jnp.float32)
+
+    def pv(weights_BNTS, v_BNSH):
+        return matmul_nn(weights_BNTS.astype(dtype), _row_major(v_BNSH, dtype), jnp.float32)
+
+    q_BTNH, k_BSNH, v_BSNH = (x.astype(jnp.float32) for x in (q_BTNH, k_BSNH, v_BSNH))
+    out_BTNH = attention.reference_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size,
+                                             qk=qk, pv=pv)
+    return out_BTNH.astype(dtype)

@@ -1,0 +1,80 @@
+"""txjax's train step against a PyTorch GPT of nanoGPT's shapes, fresh processes interleaved.
+
+    python benchmarks/cpu_vs_torch.py --rounds 3                       # the bench config (issue 22)
+    python benchmarks/cpu_vs_torch.py --rounds 3 --vocab 65 --seq 256 --d-model 384 --heads 6 \
+        --layers 6 --d-ff 1536 --batch 8 --compile                      # the larger config, + torch.compile
+
+Each round runs every variant once, in a rotated order, each in its own process
+(`python -m txjax.bench`, `benchmarks/torch_gpt.py`), so that all of them see the same
+drift of the machine; the table gives the median ms/step over rounds and each variant's
+speed relative to PyTorch eager float32. Run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+SHAPE = (("vocab", 17), ("seq", 197), ("d-model", 128), ("heads", 4), ("layers", 4), ("d-ff", 512), ("batch", 32))
+
+
+def variants(args) -> dict[str, list[str]]:
+    """{name: command}: txjax and torch in float32 and bfloat16 (and torch.compile if asked)."""
+    shape = [f"--{name}={getattr(args, name.replace('-', '_'))}" for name, _ in SHAPE]
+    steps = [f"--steps={args.steps}", f"--warmup={args.warmup}"]
+    txjax = [sys.executable, "-m", "txjax.bench", "--arch=gpt", *shape, *steps]
+    torch = [sys.executable, str(HERE / "torch_gpt.py"), *shape, *steps]
+    runs = {"txjax float32": txjax + ["--dtype=float32"], "txjax bfloat16": txjax + ["--dtype=bfloat16"],
+            "torch float32": torch + ["--dtype=float32"], "torch bfloat16 autocast": torch + ["--dtype=bfloat16"]}
+    if args.compile:
+        runs["torch.compile float32"] = torch + ["--dtype=float32", "--compile"]
+        runs["torch.compile bfloat16"] = torch + ["--dtype=bfloat16", "--compile"]
+    return runs
+
+
+def run(command: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in SHAPE:
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--compile", action="store_true", help="also time torch.compile")
+    p.add_argument("--only", default="", help="comma-separated variant names to run (default: all)")
+    args = p.parse_args(argv)
+    runs = variants(args)
+    if args.only:
+        runs = {k: v for k, v in runs.items() if k in args.only.split(",")}
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            ms = run(runs[name])["ms_per_step"]
+            times[name].append(ms)
+            print(f"round {r + 1}: {name:<26} {ms:7.1f} ms/step", flush=True)
+    base = statistics.median(times["torch float32"]) if "torch float32" in times else None
+    print(f"\n{'variant':<26} {'median ms/step':>14}  {'x torch float32':>15}  rounds")
+    summary = {}
+    for name in names:
+        med = statistics.median(times[name])
+        speed = base / med if base else float("nan")
+        summary[name] = {"median_ms": med, "speed_vs_torch_float32": speed, "ms": times[name]}
+        print(f"{name:<26} {med:14.1f}  {speed:15.2f}  " + ", ".join(f"{t:.0f}" for t in times[name]))
+    print(json.dumps({"shape": {n: getattr(args, n.replace('-', '_')) for n, _ in SHAPE}, "variants": summary}))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
