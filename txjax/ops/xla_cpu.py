@@ -1,6 +1,7 @@
 """The matmuls of a train step in the forms XLA:CPU runs fast; chosen by `ExecutionConfig.grad_forms`.
 
-Two findings about XLA:CPU (BUILD.md, "Measuring") shape everything here:
+What XLA:CPU does with dots (BUILD.md, "Measuring" and "CPU speed against PyTorch") shapes
+everything here:
 
 - It runs a dot fast (YNNPACK) only in the [M, K] @ [K, N] and [M, K] @ [N, K] forms.
   Autodiff of y = x w writes dw = x^T dy, a dot that contracts the rows of its left operand
@@ -60,7 +61,7 @@ def matmul_tn(a_KM: jax.Array, b_KN: jax.Array, out_dtype=None) -> jax.Array:
     """a^T b, contracting the second-to-last axis of both (batch axes before it), as an
     [M, K] @ [K, N] dot: the narrower of a and b is copied transposed; when that is b, the
     product is taken as (b^T a)^T and its small [N, M] result transposed."""
-    out_dtype = out_dtype or a_KM.dtype
+    out_dtype = a_KM.dtype if out_dtype is None else out_dtype
     if a_KM.shape[-1] <= b_KN.shape[-1]:
         return _dot("...MK,...KN->...MN", swap_copy(a_KM), b_KN, out_dtype)
     return swap_copy(_dot("...NK,...KM->...NM", swap_copy(b_KN), a_KM, out_dtype))
@@ -69,7 +70,7 @@ def matmul_tn(a_KM: jax.Array, b_KN: jax.Array, out_dtype=None) -> jax.Array:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def matmul_nn(a_MK: jax.Array, b_KN: jax.Array, out_dtype=None) -> jax.Array:
     """a @ b in out_dtype (default a's); its gradient for b is `matmul_tn(a, d)`, not autodiff's a^T d."""
-    return _dot("...MK,...KN->...MN", a_MK, b_KN, out_dtype or a_MK.dtype)
+    return _dot("...MK,...KN->...MN", a_MK, b_KN, a_MK.dtype if out_dtype is None else out_dtype)
 
 
 def _nn_fwd(a_MK, b_KN, out_dtype):
@@ -88,7 +89,7 @@ matmul_nn.defvjp(_nn_fwd, _nn_bwd)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def matmul_nt(a_MK: jax.Array, b_NK: jax.Array, out_dtype=None) -> jax.Array:
     """a @ b^T in out_dtype (default a's); its gradient for b is `matmul_tn(d, a)`, not autodiff's d^T a."""
-    return _dot("...MK,...NK->...MN", a_MK, b_NK, out_dtype or a_MK.dtype)
+    return _dot("...MK,...NK->...MN", a_MK, b_NK, a_MK.dtype if out_dtype is None else out_dtype)
 
 
 def _nt_fwd(a_MK, b_NK, out_dtype):
