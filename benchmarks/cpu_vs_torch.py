@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
+
+from _run import run_json  # benchmarks/_run.py
 
 HERE = pathlib.Path(__file__).resolve().parent
 SHAPE = (("vocab", 17), ("seq", 197), ("d-model", 128), ("heads", 4), ("layers", 4), ("d-ff", 512), ("batch", 32))
@@ -38,12 +38,6 @@ def variants(args) -> dict[str, list[str]]:
     return runs
 
 
-def run(command: list[str]) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in SHAPE:
@@ -61,7 +55,7 @@ def main(argv=None) -> dict:
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            ms = run(runs[name])["ms_per_step"]
+            ms = run_json(runs[name])["ms_per_step"]
             times[name].append(ms)
             print(f"round {r + 1}: {name:<26} {ms:7.1f} ms/step", flush=True)
     base = statistics.median(times["torch float32"]) if "torch float32" in times else None

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from _run import run_json  # benchmarks/_run.py
 
 
 def hf_tokens_per_s(batch: int, new_tokens: int, repeats: int) -> dict:
@@ -50,12 +47,6 @@ def hf_tokens_per_s(batch: int, new_tokens: int, repeats: int) -> dict:
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-def run(command: list[str]) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
-    return json.loads(out[out.index("{"):])
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=16)
@@ -74,7 +65,7 @@ def main(argv=None) -> dict:
     speeds = {name: [] for name in commands}
     for r in range(args.rounds):
         for name in (("txjax", "hf") if r % 2 == 0 else ("hf", "txjax")):
-            out = run(commands[name])
+            out = run_json(commands[name])
             speeds[name].append(out["cache"]["tokens_per_s"] if name == "txjax" else out["tokens_per_s"])
             print(f"round {r + 1}: {name:<6} {speeds[name][-1]:9.0f} tokens/s", flush=True)
     medians = {name: statistics.median(v) for name, v in speeds.items()}

@@ -45,16 +45,19 @@ def _dot(spec: str, a: jax.Array, b: jax.Array, out_dtype) -> jax.Array:
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
+def _row_major_copy(x: jax.Array) -> jax.Array:
+    """x as a row-major array even where it is a transposed view: XLA lays a transpose out as a
+    relabelling of its operand's axes (a column-major view), and a bfloat16 dot with such an
+    operand is converted to float32 x float32 before any later pass makes the copy. Flattened
+    past a barrier, a view cannot stay one: the copy is made here."""
+    return jax.lax.optimization_barrier(x.reshape(-1)).reshape(x.shape)
+
+
 def swap_copy(x: jax.Array) -> jax.Array:
     """x's last two axes swapped as a real, row-major copy, which no XLA pass folds back into
     the dot that makes x or the one that takes it (the slow form again). The barriers fence
-    both sides (~1-2% faster than one); the swapped array passes the outer one flattened,
-    because XLA lays a transpose out as a relabelling of its operand's axes (a column-major
-    view), and a bfloat16 dot with such an operand is converted to float32 x float32 before
-    any later pass makes the copy; flattening a transposed view needs the copy."""
-    barrier = jax.lax.optimization_barrier
-    x_NM = jnp.swapaxes(barrier(x), -1, -2)
-    return barrier(x_NM.reshape(*x_NM.shape[:-2], -1)).reshape(x_NM.shape)
+    both sides (~1-2% faster than one)."""
+    return _row_major_copy(jnp.swapaxes(jax.lax.optimization_barrier(x), -1, -2))
 
 
 def matmul_tn(a_KM: jax.Array, b_KN: jax.Array, out_dtype=None) -> jax.Array:
@@ -117,14 +120,12 @@ def dense(x: jax.Array, kernel_DF: jax.Array, bias_F: jax.Array | None = None) -
     return y_MF.astype(x.dtype).reshape(*x.shape[:-1], kernel_DF.shape[1])
 
 
-def _row_major(x: jax.Array, dtype) -> jax.Array:
-    """x in dtype; in bfloat16 also a row-major array where x was a transposed view (the
-    heads-major q, k, v): flattened past a barrier, which a view cannot be without a copy
-    (see swap_copy). In float32 XLA makes that copy itself, later and cheaper (measured)."""
+def _operand(x: jax.Array, dtype) -> jax.Array:
+    """x in dtype as a dot's operand; in bfloat16 also a row-major copy where x was a transposed
+    view (the heads-major q, k, v; see _row_major_copy). In float32 XLA makes that copy itself,
+    later and cheaper (measured)."""
     x = x.astype(dtype)
-    if x.dtype == jnp.float32:
-        return x
-    return jax.lax.optimization_barrier(x.reshape(-1)).reshape(x.shape)
+    return x if x.dtype == jnp.float32 else _row_major_copy(x)
 
 
 def dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, implementation="reference",
@@ -142,10 +143,10 @@ def dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, impleme
     dtype = q_BTNH.dtype
 
     def qk(q_BNTH, k_BNSH):
-        return matmul_nt(_row_major(q_BNTH, dtype), _row_major(k_BNSH, dtype), jnp.float32)
+        return matmul_nt(_operand(q_BNTH, dtype), _operand(k_BNSH, dtype), jnp.float32)
 
     def pv(weights_BNTS, v_BNSH):
-        return matmul_nn(weights_BNTS.astype(dtype), _row_major(v_BNSH, dtype), jnp.float32)
+        return matmul_nn(weights_BNTS.astype(dtype), _operand(v_BNSH, dtype), jnp.float32)
 
     q_BTNH, k_BSNH, v_BSNH = (x.astype(jnp.float32) for x in (q_BTNH, k_BSNH, v_BSNH))
     out_BTNH = attention.reference_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size,
