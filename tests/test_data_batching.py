@@ -85,6 +85,61 @@ def test_resume_gives_the_same_stream(n, batch, stop, seed):
         np.testing.assert_array_equal(x, y)
 
 
+class Recorded(list):
+    """A list that records which items were read: what a host's shard touches."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.read = set()
+
+    def __getitem__(self, i):
+        self.read.add(int(i))
+        return super().__getitem__(i)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 40), st.sampled_from([1, 2, 3, 4]), st.integers(1, 3), st.integers(0, 2 ** 31))
+def test_host_shards_are_the_rows_of_the_global_batch_and_read_nothing_else(n, hosts, per_host, seed):
+    """Host i of `hosts` yields rows [i * b, (i + 1) * b) of every batch one host would yield
+    (over several epochs), reads only the examples it yields, and resumes where it was."""
+    batch = hosts * per_host
+    if batch > n:
+        batch, per_host = hosts, 1
+    if batch > n:
+        return
+    steps = 3 * (n // batch) + 1
+    whole = take(BatchIterator(np.arange(n), batch, seed), steps)
+    for i in range(hosts):
+        data = Recorded(range(n))
+        it = BatchIterator(data, batch, seed, shard=(i, hosts), transform=lambda b, rng: np.asarray(b))
+        got = take(it, steps)
+        for k, g in enumerate(whole):
+            np.testing.assert_array_equal(got[k], g[i * per_host: (i + 1) * per_host])
+        assert data.read == set(np.concatenate(got).tolist())
+        half = BatchIterator(np.arange(n), batch, seed, shard=(i, hosts))
+        take(half, steps // 2)
+        resumed = BatchIterator(np.arange(n), batch, seed, shard=(i, hosts), state=half.state.to_dict())
+        for x, y in zip(take(resumed, steps - steps // 2), got[steps // 2:]):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_shard_arguments_refused():
+    with pytest.raises(ValueError, match="divisible"):
+        BatchIterator(np.arange(10), 3, shard=(0, 2))
+    with pytest.raises(ValueError, match="index"):
+        BatchIterator(np.arange(10), 4, shard=(2, 2))
+    with pytest.raises(ValueError, match="drop_remainder"):
+        BatchIterator(np.arange(10), 4, shard=(0, 2), drop_remainder=False)
+
+
+def test_adjacent_seeds_give_unrelated_epoch_orders():
+    """Epoch e's order comes from SeedSequence([seed, 0, e]), not from seed + e (as Grain's own
+    shuffle seeds it), so seed 1's first epoch is not seed 0's second."""
+    a = np.concatenate(take(BatchIterator(np.arange(64), 8, seed=0), 16))
+    b = np.concatenate(take(BatchIterator(np.arange(64), 8, seed=1), 8))
+    assert (a[64:] != b).mean() > 0.5
+
+
 def test_state_mismatch_and_range_refused():
     it = BatchIterator(np.arange(10), 2, seed=0)
     other = BatchIterator(np.arange(12), 2, seed=0)

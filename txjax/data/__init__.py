@@ -7,13 +7,13 @@
 - `objectives`: `ar_shift`, `mlm_mask`, T5's `random_spans_noise_mask`,
   `noise_span_to_unique_sentinel`, `nonnoise_span_to_unique_sentinel`, `t5_span_corruption`.
 - `batching`: `pad_batch`, `nonpad_mask`, `concat_documents`, `pack_tokens`,
-  `BatchIterator` with a resumable `IteratorState`.
+  `BatchIterator` (a Grain pipeline: shuffled, batched, host-sharded) with a resumable `IteratorState`.
 - `packing`: packed sequences with per-token document ids: `split_documents`,
   `pack_documents`, `pack_rows`, `padding_share`, `span_lengths`, `padding_report`, and the
   objectives as `BatchIterator` transforms: `NextTokenPacking`, `MLMPacking`, `SpanPacking`.
 - `bins`: `first_fit`, the row planner behind packing (one or two dimensions).
 
-Nothing here imports JAX: batches are NumPy arrays, handed to jitted steps as they are.
+Nothing here calls JAX: batches are NumPy arrays, handed to jitted steps as they are.
 """
 
 from txjax.data.batching import (

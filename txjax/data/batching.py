@@ -1,10 +1,10 @@
-"""Fixed-shape NumPy batches: padding, packing, and a seeded, resumable batch iterator.
+"""Fixed-shape NumPy batches: padding, packing, and a seeded, resumable, shardable batch iterator.
 
-Fixed shapes matter because a jitted step recompiles for every new shape. The iterator's
-whole position is `(epoch, step)`: the order of epoch e is a permutation drawn from
-`(seed, e)` alone, and the per-batch randomness handed to `transform` (MLM masking, span
-corruption) from `(seed, e, step)` alone, so restoring a saved state replays exactly the
-same stream with no hidden generator state to checkpoint.
+Fixed shapes matter because a jitted step recompiles for every new shape. The iterator is a
+Grain pipeline over a random-access source, so its whole position is `(epoch, step)`: epoch
+e's order and the randomness handed to `transform` (MLM masking, span corruption) are
+functions of the seed and the position alone, and restoring a saved state replays exactly
+the same stream with no hidden generator state to checkpoint.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import grain
 import numpy as np
 
 __all__ = [
@@ -106,45 +107,101 @@ Data = np.ndarray | Mapping[str, np.ndarray] | Sequence[Any]
 Transform = Callable[[Any, np.random.Generator], Any]
 
 
+class _Rows:
+    """A dict of arrays with one leading length, as Grain's random-access source: row i is a dict."""
+
+    def __init__(self, data: Mapping[str, np.ndarray]):
+        self._data = {k: np.asarray(v) for k, v in data.items()}
+        self._n = len(next(iter(self._data.values())))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return {k: v[i] for k, v in self._data.items()}
+
+
+class _EpochShuffle(grain.MapDataset):
+    """Epoch e of `parent` in the order of a permutation drawn from (seed, e), one per epoch.
+
+    Instead of Grain's `shuffle`, whose per-element `index_shuffle` costs 9 us at N = 16k but
+    1.4 ms at N = 30 and 5 ms at N = 8 (measured): small datasets are common here (tests,
+    teaching, fine-tuning). The orders are those the hand-written iterator drew before Grain.
+    """
+
+    def __init__(self, parent: grain.MapDataset, seed: int):
+        super().__init__(parent)
+        self._seed = seed
+        self._epoch, self._order = -1, np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __str__(self) -> str:
+        return f"_EpochShuffle(seed={self._seed})"
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        epoch, i = divmod(index, len(self))
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._order = np.random.default_rng([self._seed, 0, epoch]).permutation(len(self))
+        return self._parent[int(self._order[i]) + epoch * len(self)]
+
+
 class BatchIterator:
-    """Seeded batches of `batch_size` examples, reshuffled every epoch, resumable.
+    """Seeded batches of `batch_size` examples, reshuffled every epoch, resumable: a Grain pipeline.
 
     data: an array `[N, ...]`, a dict of arrays with the same N (batched per key), or a
       sequence of N items (a batch is then a list, and `transform` should make arrays,
       e.g. `lambda b, rng: pad_batch(b, 128, pad_id)`).
-    transform: `f(batch, rng)` applied to each batch, with a Generator seeded from
-      (seed, epoch, step): MLM masking or span corruption stays reproducible on resume.
+    transform: `f(batch, rng)` applied to each batch (Grain's `random_map`), with a Generator
+      drawn from the seed and the batch's position: MLM masking or span corruption stays
+      reproducible on resume.
     drop_remainder: True (default) keeps every batch the same shape; False yields a
       smaller last batch.
     num_epochs: None for an endless stream.
+    shard: (index, count): this host yields rows [index * b, (index + 1) * b) of every global
+      batch, b = batch_size / count, and reads no others (a multi-host run: one shard per
+      process). Every host sees the examples one host would; `transform`'s randomness is drawn
+      per host batch, so a run on another number of hosts masks them differently.
 
-    `it.state` is the position to checkpoint; `it.set_state(state)` (or
+    The pipeline is Grain's `MapDataset`: `source -> seed -> _EpochShuffle` (a new order every
+    epoch) `-> slice` (the epoch's remainder, when dropped) `-> batch -> random_map -> slice`
+    (the shard). It is random-access, so the whole position is the next batch's (epoch,
+    step): `it.state` is what to checkpoint, and `it.set_state(state)` (or
     `BatchIterator(..., state=...)`) continues exactly the same stream.
     """
 
     def __init__(self, data: Data, batch_size: int, seed: int = 0, *, shuffle: bool = True,
                  drop_remainder: bool = True, transform: Transform | None = None,
                  num_epochs: int | None = None,
-                 state: IteratorState | Mapping[str, Any] | None = None):
-        self._data = data
+                 state: IteratorState | Mapping[str, Any] | None = None,
+                 shard: tuple[int, int] = (0, 1)):
         self._n = self._length(data)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2 ** 32:
+            raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
         if drop_remainder and self._n < batch_size:
             raise ValueError(f"{self._n} examples cannot fill one batch of {batch_size}")
         if self._n == 0:
             raise ValueError("no examples to batch")
+        index, count = shard
+        if not 0 <= index < count or batch_size % count:
+            raise ValueError(f"shard {shard} of a batch of {batch_size}: need 0 <= index < count "
+                             "and batch_size divisible by count")
+        if count > 1 and not drop_remainder:
+            raise ValueError("a sharded iterator needs drop_remainder=True (equal shards every step)")
         self.batch_size = int(batch_size)
         self.seed = int(seed)
         self.shuffle = shuffle
         self.drop_remainder = drop_remainder
-        self.transform = transform
         self.num_epochs = num_epochs
+        self.shard = (int(index), int(count))
+        self._dataset = self._pipeline(data, transform)
         self._epoch, self._step = 0, 0
-        self._order: np.ndarray | None = None
-        self._order_epoch = -1
         if state is not None:
             self.set_state(state)
 
@@ -160,6 +217,19 @@ class BatchIterator:
                 raise ValueError(f"dict data needs arrays of one common length, got {lengths}")
             return next(iter(lengths.values()))
         return len(data)
+
+    def _pipeline(self, data: Data, transform: Transform | None) -> grain.MapDataset:
+        index, count = self.shard
+        items = not isinstance(data, (np.ndarray, Mapping))
+        ds = grain.MapDataset.source(_Rows(data) if isinstance(data, Mapping) else data).seed(self.seed)
+        if self.shuffle:
+            ds = _EpochShuffle(ds, self.seed)
+        if self.drop_remainder:
+            ds = ds[: self.steps_per_epoch * self.batch_size]
+        ds = ds.batch(self.batch_size // count, batch_fn=list if items else None)
+        if transform is not None:
+            ds = ds.random_map(transform)
+        return ds[index::count] if count > 1 else ds
 
     @property
     def num_examples(self) -> int:
@@ -196,38 +266,13 @@ class BatchIterator:
         if self._step >= self.steps_per_epoch:
             self._epoch, self._step = self._epoch + 1, 0
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """The example order of `epoch` (a permutation from (seed, epoch), or 0..N-1)."""
-        if not self.shuffle:
-            return np.arange(self._n)
-        if self._order_epoch != epoch:
-            self._order = np.random.default_rng([self.seed, 0, epoch]).permutation(self._n)
-            self._order_epoch = epoch
-        return self._order
-
-    def batch_rng(self, epoch: int, step: int) -> np.random.Generator:
-        """The Generator handed to `transform` for batch (epoch, step)."""
-        return np.random.default_rng([self.seed, 1, epoch, step])
-
-    def _gather(self, idx: np.ndarray):
-        d = self._data
-        if isinstance(d, np.ndarray):
-            return d[idx]
-        if isinstance(d, Mapping):
-            return {k: np.asarray(v)[idx] for k, v in d.items()}
-        return [d[i] for i in idx.tolist()]
-
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self):
         if self.num_epochs is not None and self._epoch >= self.num_epochs:
             raise StopIteration
-        epoch, step = self._epoch, self._step
-        idx = self.epoch_order(epoch)[step * self.batch_size: (step + 1) * self.batch_size]
-        batch = self._gather(idx)
-        if self.transform is not None:
-            batch = self.transform(batch, self.batch_rng(epoch, step))
+        batch = self._dataset[self._epoch * self.steps_per_epoch + self._step]
         self._step += 1
         self._normalise()
         return batch

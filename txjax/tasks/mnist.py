@@ -27,6 +27,7 @@ from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import prepare_run_dir, write_json
 from txjax.train.plots import plot_loss_curve, save_image_grid
+from txjax.train.sharding import process_shard
 from txjax.train.steps import Stepper, gpt_loss
 
 PIXELS = 784
@@ -188,7 +189,8 @@ def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRu
     model = GPT(model_cfg, rngs=nnx.Rngs(train_cfg.seed), execution=execution)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     log(f"GPT: {n_params:,} parameters, {model_cfg.num_layers} layers, d_model {model_cfg.d_model}")
-    batches = BatchIterator(train_BT, train_cfg.batch_size, seed=train_cfg.seed, transform=shifted)
+    batches = BatchIterator(train_BT, train_cfg.batch_size, seed=train_cfg.seed, transform=shifted,
+                            shard=process_shard())
     held_out = test_BT[: train_cfg.eval_batches * run_cfg.eval_batch_size]
 
     def eval_fn(stepper, params):

@@ -21,6 +21,7 @@ from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import write_json
 from txjax.train.plots import plot_loss_curve
+from txjax.train.sharding import process_shard
 
 
 PACKINGS = ("stream", "packed", "padded")
@@ -118,7 +119,8 @@ def train_with_held_out(model, loss_fn, transform, train_rows, held_rows, tok: C
 
     Returns (stepper, state, fit summary, the held-out batch, final held-out metrics).
     """
-    batches = BatchIterator(train_rows, train_cfg.batch_size, seed=train_cfg.seed, transform=transform)
+    batches = BatchIterator(train_rows, train_cfg.batch_size, seed=train_cfg.seed, transform=transform,
+                            shard=process_shard())
     held = transform(held_rows, np.random.default_rng([train_cfg.seed, 99]))  # one fixed masking
     held_batches = batches_of(held, run_cfg.eval_batch_size) or [held]
 

@@ -56,6 +56,11 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     return True
 
 
+def process_shard() -> tuple[int, int]:
+    """(this process's index, process count): the `shard` of a `BatchIterator` in a multi-host run."""
+    return jax.process_index(), jax.process_count()
+
+
 def make_mesh(devices=None) -> Mesh:
     """A 1-D mesh named "data" over `devices` (default: every device of every process)."""
     devices = jax.devices() if devices is None else list(devices)
@@ -127,11 +132,18 @@ class Layout:
 
         return jax.tree.map(place, tree, shardings)
 
-    def put_batch(self, batch) -> Any:
-        """A global batch (the same rows in every process) split by examples over the mesh."""
+    def put_batch(self, batch, global_rows: int | None = None) -> Any:
+        """A batch split by examples over the mesh: the global batch (the same rows in every
+        process), or, in a multi-process run, this process's rows of it when it has
+        `global_rows / process_count` of them (what `BatchIterator(shard=process_shard())` yields:
+        process p holds rows [p * b, (p + 1) * b), which its devices own on the mesh)."""
+        processes = jax.process_count()
 
         def place(x):
             x = np.asarray(x)
+            if processes > 1 and global_rows is not None and x.ndim and x.shape[0] * processes == global_rows:
+                self._check_row_blocks(global_rows)
+                return jax.make_array_from_process_local_data(self.batch, x, (global_rows, *x.shape[1:]))
             if x.ndim == 0 or x.shape[0] % self.size:
                 raise ValueError(
                     f"a batch of {x.shape[0] if x.ndim else 0} examples cannot be split over "
@@ -140,6 +152,16 @@ class Layout:
             return jax.make_array_from_callback(x.shape, self.batch, lambda index: x[index])
 
         return jax.tree.map(place, batch)
+
+    def _check_row_blocks(self, global_rows: int) -> None:
+        """This process's devices own rows [p * b, (p + 1) * b) of a global batch, b = rows / processes."""
+        b, p = global_rows // jax.process_count(), jax.process_index()
+        owned = {i[0].indices(global_rows)[:2] for i in
+                 self.batch.addressable_devices_indices_map((global_rows,)).values()}
+        if min(start for start, _ in owned) != p * b or max(stop for _, stop in owned) != (p + 1) * b:
+            raise ValueError(f"process {p}'s devices hold rows {sorted(owned)} of the global batch, not the "
+                             f"block [{p * b}, {(p + 1) * b}) its shard of the data holds; build the mesh "
+                             "from jax.devices() in process order")
 
     def put_key(self, key: jax.Array) -> jax.Array:
         """A PRNG key replicated on the mesh (through its raw uint32 data)."""
@@ -156,15 +178,16 @@ class Layout:
         """Inside jit: micro-batches [A, B/A, ...] keep their examples split over the data axis."""
         return jax.lax.with_sharding_constraint(micro, NamedSharding(self.mesh, P(None, AXIS)))
 
-    def jit_train_step(self, step: Callable, state_like) -> Callable:
+    def jit_train_step(self, step: Callable, state_like, global_rows: int | None = None) -> Callable:
         """`step(state, batch, key) -> (state, metrics)` jitted with the state donated and kept in
-        its shardings; the returned function places a host batch and key on the mesh first."""
+        its shardings; the returned function places a host batch (global, or this process's
+        rows of `global_rows`: see `put_batch`) and key on the mesh first."""
         state_sh = self.shardings(state_like)
         jitted = jax.jit(step, in_shardings=(state_sh, self.batch, self.replicated),
                          out_shardings=(state_sh, self.replicated), donate_argnums=(0,))
 
         def train_step(state, batch, key):
-            return jitted(state, self.put_batch(batch), self.put_key(key))
+            return jitted(state, self.put_batch(batch, global_rows), self.put_key(key))
 
         train_step.jitted = jitted
         return train_step

@@ -98,7 +98,8 @@ class Stepper:
     result equals one big batch. metrics: loss, accuracy, tokens, grad_norm, lr (device arrays).
     `eval_step(params, batch) -> LossSums` runs the model with dropout off.
     With `cfg.parallelism` "dp" or "fsdp" the state lives on `mesh` (default: all devices)
-    as `self.layout` says, and both steps take host batches (see txjax.train.sharding).
+    as `self.layout` says, and both steps take host batches (see txjax.train.sharding); in a
+    multi-process run the train step also takes this process's rows of the batch.
     """
 
     def __init__(self, model: nnx.Module, loss_fn: Callable[[Any, Batch], LossSums], cfg: TrainConfig,
@@ -124,7 +125,7 @@ class Stepper:
                 )
             state_like = jax.eval_shape(lambda: TrainState(
                 params, self.optimizer.init(params), jnp.zeros((), jnp.int32)))
-            self.train_step = self.layout.jit_train_step(self._train_step, state_like)
+            self.train_step = self.layout.jit_train_step(self._train_step, state_like, cfg.batch_size)
             self.eval_step = self.layout.jit_eval_step(self._eval_step, params)
 
     def init_state(self, params=None) -> TrainState:
