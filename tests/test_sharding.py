@@ -72,9 +72,13 @@ def test_layout_shardings_on_one_device():
 
 
 def test_initialize_distributed_needs_all_three(monkeypatch):
-    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TXJAX_DISTRIBUTED"):
         monkeypatch.delenv(name, raising=False)
     assert initialize_distributed() is False  # single process: nothing to do
+    monkeypatch.setenv("TXJAX_DISTRIBUTED", "yes")
+    with pytest.raises(ValueError, match="expected auto or nothing"):
+        initialize_distributed()
+    monkeypatch.delenv("TXJAX_DISTRIBUTED")
     with pytest.raises(ValueError, match="all three"):
         initialize_distributed("127.0.0.1:1234")
     monkeypatch.setenv("JAX_NUM_PROCESSES", "2")

@@ -26,6 +26,7 @@ from txjax.tasks.digits import CONFIDENT, accuracy, cached_classifier, digit_qua
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import prepare_run_dir, write_json
+from txjax.train.multihost import addressable, is_lead
 from txjax.train.plots import plot_loss_curve, save_image_grid
 from txjax.train.sharding import process_shard
 from txjax.train.steps import Stepper, gpt_loss
@@ -202,10 +203,12 @@ def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRu
     stepper, state, fit_summary = train_run(
         model, gpt_loss, train_cfg, run_cfg, batches, extra_meta=tokenizer_meta,
         eval_fn=eval_fn, stop_at=stop_at, log=log)
-    return finish_gpt_mnist(stepper, state.params, data, run_cfg, fit_summary, t0, log)
+    return finish_gpt_mnist(stepper, addressable(state.params), data, run_cfg, fit_summary, t0, log)
 
 
 def finish_gpt_mnist(stepper, params, data: MnistTokens, run_cfg, fit_summary, t0, log=print) -> dict:
+    """Test NLL, samples and their quality from `params` (readable by this process); several
+    processes each compute the same, on their own device, and process 0 writes the files."""
     run_dir, tok, train_BT, test_BT = run_cfg.run_dir, data.tok, data.train_BT, data.test_BT
     t_eval = time.perf_counter()
     nll = image_nll(stepper, params, test_BT, run_cfg.eval_batch_size)
@@ -217,11 +220,12 @@ def finish_gpt_mnist(stepper, params, data: MnistTokens, run_cfg, fit_summary, t
                              jax.random.key(stepper.cfg.seed + 7), run_cfg.temperature, run_cfg.top_k)
     sample_s = time.perf_counter() - t_sample
     quality = sample_quality(data, patches[: run_cfg.quality_samples], log) if run_cfg.quality_samples else {}
-    save_samples(run_dir / "samples.npz", tok, patches)
-    images = tok.decode(patches[: run_cfg.num_samples], dtype=np.float32)
-    save_image_grid(images, run_dir / "samples.png",
-                    title=f"{run_cfg.num_samples} samples, temperature {run_cfg.temperature}")
-    plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
+    if is_lead():
+        save_samples(run_dir / "samples.npz", tok, patches)
+        images = tok.decode(patches[: run_cfg.num_samples], dtype=np.float32)
+        save_image_grid(images, run_dir / "samples.png",
+                        title=f"{run_cfg.num_samples} samples, temperature {run_cfg.temperature}")
+        plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
     summary = {
         "test_images": int(len(test_BT)),
         "test_nll_nats_per_image": nats,
@@ -241,7 +245,8 @@ def finish_gpt_mnist(stepper, params, data: MnistTokens, run_cfg, fit_summary, t
         "backend": jax.default_backend(),
         **quality,
     }
-    write_json(run_dir / "summary.json", summary)
+    if is_lead():
+        write_json(run_dir / "summary.json", summary)
     log(f"test NLL {nats:.2f} nats/image = {summary['test_bits_per_pixel']:.4f} bits/pixel "
         f"over {len(test_BT)} test images; per-position unigram baseline {baseline:.2f} nats/image "
         f"= {summary['unigram_baseline_bits_per_pixel']:.4f} bits/pixel")

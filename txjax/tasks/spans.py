@@ -31,6 +31,7 @@ from txjax.tasks.text import (
 )
 from txjax.train.config import TrainConfig
 from txjax.train.loop import prepare_run_dir
+from txjax.train.multihost import addressable
 from txjax.train.steps import t5_loss
 
 
@@ -149,7 +150,7 @@ def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, 
     # A packed row shows its first document: the encoder reads up to that document's end.
     ids = held.get("enc_document_ids")
     lengths = None if ids is None else (ids[:n] == 0).sum(axis=1)
-    pred = t5_decode(stepper.model(state.params), held["enc_inputs"][:n], targets_length,
+    pred = t5_decode(stepper.model(addressable(state.params)), held["enc_inputs"][:n], targets_length,
                      jax.random.key(train_cfg.seed), temperature=0.0, lengths_B=lengths)
     predicted = [show_spans(tok, row) for row in pred]
     examples = [{"input": show_spans(tok, held["enc_inputs"][i]), "truth": show_spans(tok, held["targets"][i]),

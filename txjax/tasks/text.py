@@ -20,6 +20,7 @@ from txjax.data import BatchIterator, CharTokenizer, load_corpus, split_document
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import write_json
+from txjax.train.multihost import is_lead
 from txjax.train.plots import plot_loss_curve
 from txjax.train.sharding import process_shard
 
@@ -176,7 +177,9 @@ def fit_numbers(fit_summary: dict) -> dict:
 
 
 def write_summary(run_cfg, summary: dict, ylabel: str) -> None:
-    """loss.png and summary.json in the run folder."""
+    """loss.png and summary.json in the run folder (by process 0 alone, in a run of several)."""
+    if not is_lead():
+        return
     run_dir = run_cfg.run_dir
     plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png", ylabel=ylabel)
     write_json(run_dir / "summary.json", summary)

@@ -8,6 +8,11 @@ the next train step donates the very buffers being written.
 Each saved step also gets `sha256.json`, the digest of every file Orbax wrote for it;
 reading a checkpoint checks them first, and without an explicit step the newest intact
 one is read, saying which damaged ones it passed over.
+
+In a run of several processes every one of them takes part in Orbax's saves and restores
+(each writes and reads the shards its devices hold); process 0 alone writes the digests,
+checks them and moves damaged steps aside, and every process restores the step it chose
+(`txjax.train.multihost.lead_decides`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from txjax.config import CONFIGS
+from txjax.train.multihost import lead_decides, multi
 
 DIGESTS = "sha256.json"
 
@@ -109,9 +115,7 @@ class Checkpointer:
                     force=True,
                 )
                 self.manager.wait_until_finished()
-            tmp = step_dir / f".{DIGESTS}.tmp"
-            tmp.write_text(json.dumps(_digests(step_dir), indent=1, sort_keys=True) + "\n")
-            os.replace(tmp, step_dir / DIGESTS)
+            lead_decides(lambda: self._write_digests(step_dir), errors=(OSError, ValueError))
         except (OSError, ValueError) as err:
             full = getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err)
             why = "no space left on the device" if full else f"{type(err).__name__}: {str(err)[:300]}"
@@ -119,6 +123,12 @@ class Checkpointer:
             resume = (f"; after fixing it, the same command resumes from step {latest}" if latest is not None
                       else "; no earlier checkpoint exists")
             raise CheckpointWriteError(f"could not write checkpoint {step} in {self.directory}: {why}{resume}") from err
+
+    @staticmethod
+    def _write_digests(step_dir: Path) -> None:
+        tmp = step_dir / f".{DIGESTS}.tmp"
+        tmp.write_text(json.dumps(_digests(step_dir), indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, step_dir / DIGESTS)
 
     def damage(self, step: int) -> str | None:
         """What is wrong with checkpoint `step`'s files, or None when they are as saved. A step
@@ -142,7 +152,14 @@ class Checkpointer:
     def newest_intact(self) -> int | None:
         """The newest step whose files are as saved (None: no checkpoint at all). Damaged newer
         ones are reported through `log` and (unless read-only) moved aside to `damaged-<step>`,
-        so training can write those steps again; every step damaged is a CheckpointDamaged."""
+        so training can write those steps again; every step damaged is a CheckpointDamaged.
+        Several processes: process 0's answer, in all of them."""
+        step = lead_decides(self._newest_intact_here, errors=(CheckpointDamaged,))
+        if multi():
+            self.manager.reload()  # process 0 may have moved damaged steps aside
+        return step
+
+    def _newest_intact_here(self) -> int | None:
         steps = sorted(self.all_steps(), reverse=True)
         damaged = []
         for step in steps:
@@ -199,7 +216,7 @@ class Checkpointer:
             return step
         if step not in self.all_steps():
             raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}; have {self.all_steps()}")
-        problem = self.damage(step)
+        problem = lead_decides(lambda: self.damage(step))
         if problem is not None:
             raise CheckpointDamaged(f"checkpoint {step} in {self.directory} is damaged: {problem}")
         return step

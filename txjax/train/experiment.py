@@ -3,6 +3,10 @@
 A run lives in `<runs_dir>/<name>/`: config.json, metrics.jsonl, checkpoints/, plots and
 summary.json. Starting a script again with the same name resumes from the latest
 checkpoint (refused, with the differing fields listed, if the configs differ).
+
+With $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES and $JAX_PROCESS_ID (or $TXJAX_DISTRIBUTED=auto)
+a script runs as one of several processes of one run (`initialize_distributed`); they share
+the run folder, which process 0 owns (txjax.train.multihost).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from txjax.train.checkpoint import Checkpointer, CheckpointMismatch, CheckpointW
 from txjax.train.cli import given_preset, parse_configs
 from txjax.train.config import TrainConfig
 from txjax.train.loop import NonFiniteLoss, RunDirError, fit, restore_or_init, write_json
-from txjax.train.rundir import claim_run_dir
+from txjax.train.multihost import lead_decides
+from txjax.train.rundir import claim_shared_run_dir
+from txjax.train.sharding import initialize_distributed
 from txjax.train.steps import Stepper, TrainState
 
 
@@ -68,13 +74,19 @@ def train_run(
     log: Callable[[str], None] = print,
 ) -> tuple[Stepper, TrainState, dict]:
     """Claim the run folder (one run at a time; emptied first with `run_cfg.overwrite`), resume or
-    start, train, and return (stepper, state, fit summary).
+    start, train, and return (stepper, state, fit summary). Several processes: one run, the
+    folder claimed and written by process 0 (see the module docstring), with parallelism dp or fsdp.
 
     extra_meta: more JSON saved in config.json and checkpoints (e.g. the tokenizer); the
     model's execution config is saved there too, as "execution".
     eval_fn(stepper, params) -> {name: value}: held-out metrics during and after training.
     """
-    with claim_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite) as run_dir:
+    if train_cfg.parallelism == "none" and jax.process_count() > 1:
+        # Each process would train its own copy on its own device, all in one run folder. Which of
+        # dp and fsdp fits the memory is the user's choice, so none is made here.
+        raise ValueError(f"parallelism 'none' trains on one device, but this run has {jax.process_count()} "
+                         "processes: pass --parallelism dp (a copy of the state per device) or fsdp (split)")
+    with claim_shared_run_dir(run_cfg.run_dir, overwrite=run_cfg.overwrite) as run_dir:
         return _train_in(run_dir, model, loss_fn, train_cfg, run_cfg, batches, extra_meta, eval_fn, stop_at, log)
 
 
@@ -86,7 +98,7 @@ def _train_in(run_dir, model, loss_fn, train_cfg, run_cfg, batches, extra_meta, 
     checkpointer = Checkpointer(run_dir / "checkpoints", keep=train_cfg.keep_checkpoints, log=log)
     try:
         state, start = restore_or_init(stepper, checkpointer, batches, sections, RESUME_IGNORES)
-        write_json(run_dir / "config.json", {**sections, **extra_meta})
+        lead_decides(lambda: write_json(run_dir / "config.json", {**sections, **extra_meta}), errors=(OSError,))
         if start:
             log(f"resuming {run_dir} from step {start}")
         if start >= train_cfg.steps:
@@ -130,15 +142,22 @@ def train_script(run_fn, presets: dict, make_parser, argv=None, *, locate: Calla
     execution=...)`; an error a user can fix is one line.
 
     locate(run config) -> run config: the script's chance to fill in data paths.
+    First of all, before any device is touched, it joins the other processes of a multi-process
+    run when the environment says so (`initialize_distributed`), and leaves them at the end.
     """
-    auto, why = backend_preset(presets)
-    preset, cfg = parse_configs(make_parser, presets, argv, auto)
-    log(preset_line(preset, given_preset(argv) is not None, why))
+    distributed = initialize_distributed()
     try:
-        return run_fn(cfg["model"], cfg["train"], locate(cfg["run"]), execution=cfg["execution"])
-    except (NonFiniteLoss, CheckpointMismatch, CheckpointWriteError, RunDirError, FileNotFoundError,
-            ValueError) as err:
-        fail(str(err))
+        auto, why = backend_preset(presets)
+        preset, cfg = parse_configs(make_parser, presets, argv, auto)
+        log(preset_line(preset, given_preset(argv) is not None, why))
+        try:
+            return run_fn(cfg["model"], cfg["train"], locate(cfg["run"]), execution=cfg["execution"])
+        except (NonFiniteLoss, CheckpointMismatch, CheckpointWriteError, RunDirError, FileNotFoundError,
+                ValueError) as err:
+            fail(str(err))
+    finally:
+        if distributed:
+            jax.distributed.shutdown()  # waits for every process: none exits while another still needs it
 
 
 def fail(message: str, code: int = 1) -> None:

@@ -3,6 +3,9 @@
 Metrics of step k are fetched after step k+1 has been dispatched (nanodo's trick), so the
 host never makes the device wait; only at a checkpoint is the current step's metrics
 fetched at once, because a checkpoint is written only when its loss is known to be finite.
+
+In a run of several processes all of them step, evaluate and checkpoint; process 0 alone
+writes metrics.jsonl and TensorBoard events and shows the progress bar (txjax.train.multihost).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tqdm.auto import tqdm
 from txjax.train.checkpoint import Checkpointer, check_compatible
 from txjax.train.rundir import RunDirError, prepare_run_dir  # noqa: F401 - re-exported: scripts check the folder early
 from txjax.train.config import TrainConfig
+from txjax.train.multihost import is_lead
 from txjax.train.steps import Stepper, TrainState
 from txjax.train.tensorboard import log_row, open_writer
 
@@ -121,13 +125,15 @@ def fit(
     cfg: TrainConfig = stepper.cfg
     meta = meta or {}
     rows_file = None
+    if not is_lead():
+        run_dir = None  # process 0 writes the run folder's files
     if run_dir is not None:
         metrics_path = Path(run_dir) / "metrics.jsonl"
         _truncate_metrics(metrics_path, start_step)
     end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
     if key is None:
         key = jax.random.fold_in(jax.random.key(cfg.seed), 1)
-    bar = tqdm(total=cfg.steps, initial=start_step, disable=not cfg.progress, dynamic_ncols=True,
+    bar = tqdm(total=cfg.steps, initial=start_step, disable=not (cfg.progress and is_lead()), dynamic_ncols=True,
                mininterval=1.0, unit="step", desc="train")
     clock = {"t0": time.perf_counter(), "first_done": None, "first_step": None,
              "tokens_after_first": 0.0, "window": None}

@@ -4,6 +4,9 @@
 path before it loads any data; `claim_run_dir` (what `train_run` does once the inputs are
 loaded) takes the folder's lock and, with overwrite, only then empties it, so a bad input
 never costs the old run's files and a second run in the same folder is refused.
+
+A run of several processes (txjax.train.multihost) shares one folder: `claim_shared_run_dir`
+lets process 0 take the lock and empty it, and the others go on only once it has.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import contextlib
 import fcntl
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+
+from txjax.train.multihost import lead_decides
 
 LOCK = ".lock"  # holds the pid of the run that owns the folder; locked with flock while it runs
 
@@ -27,7 +33,7 @@ def prepare_run_dir(path: str | os.PathLike) -> Path:
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write_test"
+        probe = path / f".write_test.{socket.gethostname()}.{os.getpid()}"  # several processes may probe at once
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
@@ -66,3 +72,12 @@ def claim_run_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[
         yield path
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+@contextlib.contextmanager
+def claim_shared_run_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """`claim_run_dir` for a run of one or more processes: process 0 holds the claim; every process
+    returns from here once it has (or raises the RunDirError it met)."""
+    with contextlib.ExitStack() as held:
+        lead_decides(lambda: str(held.enter_context(claim_run_dir(path, overwrite))), errors=(RunDirError,))
+        yield Path(path)

@@ -34,18 +34,30 @@ SHARDED = tuple(p for p in PARALLELISMS if p != "none")
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None) -> bool:
     """`jax.distributed.initialize` from arguments or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES,
-    $JAX_PROCESS_ID; a no-op returning False when none of them is given.
+    $JAX_PROCESS_ID; with none of them but $TXJAX_DISTRIBUTED=auto, with no arguments (JAX detects
+    SLURM, Open MPI and TPU pods itself). True if it initialized; False, doing nothing, when none
+    of these is given or JAX's distributed system is already up.
 
     Call it before anything touches a JAX device. On CPU the processes talk through
-    gloo over TCP (jax's default `jax_cpu_collectives_implementation`).
+    gloo over TCP (jax's default `jax_cpu_collectives_implementation`). Auto-detection only
+    on request: a laptop or CI job that happens to run under SLURM stays one process.
     """
+    if jax.distributed.is_initialized():
+        return False
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
         num_processes = int(os.environ["JAX_NUM_PROCESSES"])
     if process_id is None and os.environ.get("JAX_PROCESS_ID"):
         process_id = int(os.environ["JAX_PROCESS_ID"])
+    auto = os.environ.get("TXJAX_DISTRIBUTED", "").strip().lower()
+    if auto not in ("", "auto"):
+        raise ValueError(f"TXJAX_DISTRIBUTED={auto!r}: expected auto or nothing")
     if coordinator_address is None and num_processes is None and process_id is None:
-        return False
+        if auto != "auto":
+            return False
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize()
+        return True
     if None in (coordinator_address, num_processes, process_id):
         raise ValueError(
             "multi-host needs all three of coordinator address, process count and process id; got "
