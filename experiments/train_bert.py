@@ -29,8 +29,8 @@ PRESETS = {
         "execution": ExecutionConfig(),
     },
     # Sized for 2 CPU cores, a few minutes: D 128, 3 layers, 64-character rows (more steps per second).
-    # 2026-12-02, tinyshakespeare: 1300 steps, 202 s end to end idle (150 ms/step; 431 s under load);
-    # held-out masked accuracy 0.554 (unigram baseline 0.158). Loss sits near 3.0 until step ~300,
+    # 2026-12-02, tinyshakespeare: 1300 steps, 202-264 s end to end idle (150-192 ms/step, the VM
+    # drifts; 431 s under load); held-out masked accuracy 0.554-0.566 (unigram baseline 0.158). Loss sits near 3.0 until step ~300,
     # then falls steadily (1.52 held-out at the end).
     "cpu": {
         "model": BertConfig(max_len=64, d_model=128, num_heads=4, num_layers=3, d_ff=512),
