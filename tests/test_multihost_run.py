@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from test_sharding import ROOT, TIMEOUT_S, free_port, worker_env
+from test_sharding import ROOT, TIMEOUT_S, free_port, wait, worker_env
 
 from txjax import GPT
 from txjax.config import config_from_dict
@@ -64,18 +64,6 @@ def launch(runs_dir, data, processes: int, devices: int) -> list[subprocess.Pope
         procs.append(subprocess.Popen(command(runs_dir, data), cwd=ROOT, env=worker_env(devices, **cache, **multi),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
-
-
-def wait(procs) -> list[str]:
-    try:
-        logs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-4000:]
-    return logs
 
 
 def kill_after(procs, path, timeout_s: float = TIMEOUT_S) -> None:

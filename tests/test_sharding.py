@@ -150,6 +150,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait(procs: list[subprocess.Popen]) -> list[str]:
+    """Each process's output, once all have exited 0; any still running is killed (timeout, failure)."""
+    try:
+        logs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-4000:]
+    return logs
+
+
 @pytest.mark.slow
 def test_two_processes_on_localhost(tmp_path):
     """jax.distributed over 127.0.0.1, 2 processes x 2 CPU devices, gloo collectives:
@@ -162,14 +175,7 @@ def test_two_processes_on_localhost(tmp_path):
         procs.append(subprocess.Popen(
             [sys.executable, str(WORKER), "multihost", str(tmp_path / f"p{pid}.json")], cwd=ROOT,
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        logs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-4000:]
+    wait(procs)
     results = [json.loads((tmp_path / f"p{pid}.json").read_text()) for pid in range(2)]
     for pid, result in enumerate(results):
         assert (result["process_index"], result["process_count"]) == (pid, 2)
