@@ -52,6 +52,21 @@ def test_norm_and_activation_variants(norm, activation, gated):
     chex.assert_tree_all_finite(model(random_tokens(1, (1, 5))))
 
 
+@pytest.mark.parametrize("family,init", [("gpt", None), ("bert", None), ("t5", None), ("gpt", "t5"), ("t5", "normal")])
+def test_init_scales(family, init):
+    """"normal": every embedding and kernel entry has std 0.02; "t5" (T5's default): embeddings
+    std 1, each dense kernel std 1/sqrt(fan_in), as t5x initialises them."""
+    changes = dict(vocab_size=400, d_model=64, num_heads=4, d_ff=256, tie_embeddings=False)
+    model = make(family, **changes, **({} if init is None else {"init": init}))
+    t5 = model.config.init == "t5"
+    assert t5 == (family == "t5" if init is None else init == "t5")
+    np.testing.assert_allclose(np.std(model.embed.embedding[...]), 1.0 if t5 else 0.02, rtol=0.05)
+    block = {"gpt": lambda: model.decoder, "bert": lambda: model.encoder, "t5": lambda: model.decoder}[family]().blocks[0]
+    for dense in (block.ffn.wi, block.ffn.wo, block.self_attn.q, block.self_attn.o):
+        kernel = np.asarray(dense.kernel[...])
+        np.testing.assert_allclose(kernel.std(), kernel.shape[0] ** -0.5 if t5 else 0.02, rtol=0.05)
+
+
 def future_changed(tokens, i, seed):
     """A copy of tokens whose positions after i are resampled."""
     other = random_tokens(seed, tokens.shape)

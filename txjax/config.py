@@ -24,6 +24,7 @@ CAUSAL_ONLY_POSITIONS = ("xpos",)  # defined for causal attention only: refused 
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "bfloat16")
+INITS = ("normal", "t5")  # TransformerConfig.init: see txjax.nn.layers.kernel_init
 GRAD_FORMS = ("auto", "autodiff", "xla_cpu")
 BERT_HEADS = ("mlm", "pooler", "none")  # BertConfig.head: what sits on the encoder
 
@@ -109,6 +110,7 @@ class TransformerConfig:
     xpos_scale_base: float = 512.0  # xpos: gamma of the decay zeta^((n - m) / gamma)
     num_kv_heads: int | None = None  # K key/value heads, each shared by num_heads // K query heads (grouped-query attention; 1: multi-query); must divide num_heads; None: num_heads
     attention_window: int | None = None  # W: sliding-window self-attention; causal: query q sees keys q - W < k <= q (the last W, itself included); bidirectional: |q - k| <= W; None: full
+    init: str = "normal"  # "normal": every weight N(0, 0.02^2) (GPT-2, BERT); "t5": token embeddings N(0, 1), dense kernels N(0, 1/fan_in) (Mesh TensorFlow / t5x)
 
     family: ClassVar[str] = "transformer"
     bidirectional_stack: ClassVar[bool] = False  # True where some stack attends both ways (BERT, T5's encoder)
@@ -124,6 +126,7 @@ class TransformerConfig:
             ("norm_position", NORM_POSITIONS),
             ("activation", tuple(ACTIVATIONS)),
             ("dtype", DTYPES),
+            ("init", INITS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -265,6 +268,7 @@ class T5Config(TransformerConfig):
     num_decoder_layers: int | None = None  # None: same as num_layers
     decoder_start_id: int = 0  # T5 starts decoding from <pad>
     eos_id: int = 1  # </s>
+    init: str = "t5"  # T5's own: with 0.02 embeddings the decoder learns to read the encoder far later (BUILD.md, "CPU presets")
 
     family: ClassVar[str] = "t5"
     bidirectional_stack: ClassVar[bool] = True

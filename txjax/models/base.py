@@ -9,7 +9,7 @@ from flax import nnx
 from txjax import ops
 from txjax.config import ExecutionConfig, TransformerConfig
 from txjax.nn import Embed, KVCache
-from txjax.nn.layers import Dense, dense_kwargs
+from txjax.nn.layers import Dense, dense_kwargs, embedding_init
 from txjax.nn.random_positions import RandomPositions
 
 
@@ -20,7 +20,8 @@ class Model(nnx.Module):
     def __init__(self, config: TransformerConfig, rngs: nnx.Rngs, execution: ExecutionConfig | None):
         self.config = config
         self.execution = ExecutionConfig() if execution is None else execution
-        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
+        self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype,
+                           init=embedding_init(config))
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.random_positions = None if config.random_positions is None else RandomPositions(
             config.random_positions, rngs=rngs, at_eval=config.random_positions_eval)

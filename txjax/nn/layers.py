@@ -15,6 +15,17 @@ from txjax.ops.checks import is_concrete  # noqa: F401 (nn's modules import it f
 INIT = nnx.initializers.normal(stddev=0.02)
 
 
+def kernel_init(config: TransformerConfig):
+    """Dense kernels: INIT, or (init "t5") N(0, 1/fan_in) as t5x does. t5x folds attention's
+    1/sqrt(H) into the query kernel's init; here it stays in the logits, which is the same."""
+    return INIT if config.init == "normal" else nnx.initializers.variance_scaling(1.0, "fan_in", "normal")
+
+
+def embedding_init(config: TransformerConfig):
+    """The token table: INIT, or (init "t5") N(0, 1) as t5x and Hugging Face's T5 do."""
+    return INIT if config.init == "normal" else nnx.initializers.normal(stddev=1.0)
+
+
 def check_tokens(tokens, vocab_size: int, name: str = "tokens") -> jax.Array:
     """The ids as an array (lists accepted): rank and dtype always; the id range too when the
     values are concrete.
@@ -56,10 +67,10 @@ def check_document_ids(document_ids_BT: jax.Array, shape: tuple[int, ...], name:
 class Embed(nnx.Module):
     """Token embedding [V, D]; `attend` is the tied output head x @ E^T."""
 
-    def __init__(self, num_embeddings: int, features: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+    def __init__(self, num_embeddings: int, features: int, *, rngs: nnx.Rngs, dtype=jnp.float32, init=INIT):
         self.num_embeddings = num_embeddings
         self.dtype = jnp.dtype(dtype)  # of the looked-up rows; the table itself is float32
-        self.embedding = nnx.Param(INIT(rngs.params(), (num_embeddings, features)))
+        self.embedding = nnx.Param(init(rngs.params(), (num_embeddings, features)))
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         """Rows [..., D]; an id outside [0, V) gives a NaN row. jnp.take wraps negative ids
@@ -124,7 +135,7 @@ class Dense(nnx.Linear):
 
 def dense_kwargs(config: TransformerConfig, execution: ExecutionConfig, rngs: nnx.Rngs, **changes) -> dict:
     """The keyword arguments every `Dense` of a model shares."""
-    return {"use_bias": config.use_bias, "kernel_init": INIT, "dtype": jnp.dtype(config.dtype), "rngs": rngs,
+    return {"use_bias": config.use_bias, "kernel_init": kernel_init(config), "dtype": jnp.dtype(config.dtype), "rngs": rngs,
             "xla_cpu_grads": execution.xla_cpu_grads(jax.default_backend()), **changes}
 
 
