@@ -17,7 +17,7 @@ from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import NonFiniteLoss, RunDirError, fit, prepare_run_dir, read_metrics
-from txjax.train.optim import decay_mask, make_schedule
+from txjax.train.optim import decay_mask, make_optimizer, make_schedule, relative_bias_mask
 from txjax.train.steps import Stepper, gpt_loss, token_sums
 
 TINY = GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32)
@@ -41,6 +41,25 @@ def test_decay_mask_only_kernels():
     assert flat and all(v == ("kernel" in k) for k, v in flat.items())
     assert any("embedding" in k for k in flat) and any("scale" in k for k in flat)
     assert not any(v for k, v in flat.items() if "embedding" in k or "bias" in k or "scale" in k)
+
+
+@pytest.mark.parametrize("position", ["t5", "kerple"])
+def test_relative_bias_lr_multiplier_scales_only_the_relative_bias_updates(position):
+    """Adam's first step moves every parameter by ~lr; with the multiplier m the relative bias moves m times as far."""
+    model = GPT(dataclasses.replace(TINY, position=position), rngs=nnx.Rngs(0))
+    params = nnx.state(model, nnx.Param)
+    grads = jax.tree.map(lambda x: jnp.full_like(x, 0.5), params)
+    mask = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(relative_bias_mask(params))[0]}
+    assert any(mask.values()) and all(v == ("relative" in k) for k, v in mask.items())
+    updates = {}
+    for m in (1.0, 10.0):
+        cfg = TrainConfig(learning_rate=1e-3, warmup_steps=0, weight_decay=0.1, relative_bias_lr_multiplier=m)
+        opt = make_optimizer(cfg, params)
+        u, _ = opt.update(grads, opt.init(params), params)
+        updates[m] = {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(u)[0]}
+    for k, relative in mask.items():
+        np.testing.assert_allclose(updates[10.0][k], updates[1.0][k] * (10.0 if relative else 1.0), rtol=1e-6)
+    np.testing.assert_allclose(next(v for k, v in updates[1.0].items() if mask[k]), -1e-3, rtol=1e-3)
 
 
 def test_schedule_warmup_then_cosine():

@@ -21,6 +21,7 @@ class TrainConfig:
     b2: float = 0.95  # Adam second-moment decay
     eps: float = 1e-8  # Adam denominator epsilon
     grad_clip: float = 1.0  # clip gradients to this global L2 norm; 0 disables clipping
+    relative_bias_lr_multiplier: float = 1.0  # the learned relative position biases (T5's bucket table, FIRE, KERPLE) learn at learning_rate times this: under Adam a bias moves ~lr a step, too slowly for a short run to make attention local (BUILD.md, "CPU presets")
     # Steps and batches.
     steps: int = 1000  # optimizer steps in the whole run (the schedule's length)
     batch_size: int = 64  # examples per optimizer step, summed over micro-batches
@@ -42,7 +43,7 @@ class TrainConfig:
                          "keep_checkpoints", "progress", "tensorboard")
 
     def __post_init__(self):
-        positive = ("learning_rate", "steps", "batch_size", "grad_accum", "log_every",
+        positive = ("learning_rate", "relative_bias_lr_multiplier", "steps", "batch_size", "grad_accum", "log_every",
                     "eval_batches", "checkpoint_every", "keep_checkpoints")
         for name in positive:
             value = getattr(self, name)

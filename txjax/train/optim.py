@@ -31,6 +31,19 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(lambda p, _: _leaf_name(p) in DECAYED_NAMES, params)
 
 
+RELATIVE_BIAS_MODULE = "relative"
+"""The attribute of a stack's `Positions` that holds its learned relative bias (t5, fire, kerple)."""
+
+
+def _path_names(path) -> list[str]:
+    return [n for n in (getattr(k, "key", getattr(k, "name", None)) for k in path) if isinstance(n, str)]
+
+
+def relative_bias_mask(params):
+    """A pytree of bools like `params`: True for the parameters of learned relative position biases."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: RELATIVE_BIAS_MODULE in _path_names(p), params)
+
+
 def make_schedule(cfg: TrainConfig) -> optax.Schedule:
     """0 -> learning_rate linearly over warmup_steps, then cosine to learning_rate*min_lr_ratio."""
     warmup = min(cfg.warmup_steps, cfg.steps)
@@ -44,11 +57,14 @@ def make_schedule(cfg: TrainConfig) -> optax.Schedule:
 
 
 def make_optimizer(cfg: TrainConfig, params) -> optax.GradientTransformation:
-    """clip_by_global_norm(grad_clip) then AdamW(schedule), decay masked by `decay_mask(params)`."""
-    adamw = optax.adamw(
+    """clip_by_global_norm(grad_clip) then AdamW(schedule), decay masked by `decay_mask(params)`;
+    the relative biases' updates scaled by `relative_bias_lr_multiplier` (none decay, so that is
+    their learning rate times it)."""
+    parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
+    parts.append(optax.adamw(
         make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
         weight_decay=cfg.weight_decay, mask=decay_mask(params),
-    )
-    if cfg.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
-    return adamw
+    ))
+    if cfg.relative_bias_lr_multiplier != 1.0:  # only then: the optimizer state of other runs is unchanged
+        parts.append(optax.masked(optax.scale(cfg.relative_bias_lr_multiplier), relative_bias_mask(params)))
+    return parts[0] if len(parts) == 1 else optax.chain(*parts)
