@@ -186,6 +186,25 @@ def test_noise_mask_reference_example():
     assert random_spans_helper(512, 0.15, 3.0) == (568, 114)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(8, 300), st.floats(0.05, 0.5), st.floats(1.0, 30.0), SEEDS)
+def test_helper_lengths_always_fit_the_corruption(inputs_length, density, mean_span, seed):
+    """A row of the helper's raw length corrupts to at most inputs_length / targets_length
+    tokens (with EOS), also where round(noise / mean span) is 0 and the mask still makes one span."""
+    raw, targets_length = random_spans_helper(inputs_length, density, mean_span)
+    ex = t5_span_corruption(np.arange(raw) % 50 + 2, seed, vocab_size=100, eos_id=1, pad_id=0,
+                            inputs_length=inputs_length, targets_length=targets_length,
+                            noise_density=density, mean_noise_span_length=mean_span)
+    assert ex["encoder_inputs"][-1] != 0 or density == 0.5  # the raw length fills the encoder
+
+
+def test_helper_counts_the_one_span_of_a_long_mean_span():
+    """32 encoder slots, mean span 20: 35 raw tokens make 5 noise tokens in one span and fill them.
+    T5's helper rounds 6 / 20 to no span at all and handed out 37 tokens, one too many."""
+    assert random_spans_helper(32, 0.15, 20.0) == (35, 7)
+    assert random_spans_helper(64, 0.15, 20.0) == (73, 13)
+
+
 def test_noise_mask_composition_is_uniform():
     """Span lengths of 6 noise tokens in 2 spans: 5 compositions, each ~1/5 of the time."""
     counts = {}

@@ -209,9 +209,12 @@ def random_spans_helper(inputs_length: int, noise_density: float = 0.15,
     """
 
     def lengths(tokens_length: int) -> tuple[int, int]:
-        num_noise = int(round(tokens_length * noise_density))
-        num_nonnoise = tokens_length - num_noise
-        num_spans = int(round(num_noise / mean_noise_span_length))
+        # The counts of `random_spans_noise_mask`, clips included (T5's helper omits them, so it
+        # under-counts one sentinel when round(num_noise / mean) is 0, as for long mean spans).
+        length = max(tokens_length, 2)
+        num_noise = min(max(int(np.round(length * noise_density)), 1), length - 1)
+        num_nonnoise = length - num_noise
+        num_spans = min(max(int(np.round(num_noise / mean_noise_span_length)), 1), num_noise, num_nonnoise)
         return (num_nonnoise + num_spans * extra_tokens_per_span_inputs + 1,
                 num_noise + num_spans * extra_tokens_per_span_targets + 1)
 
