@@ -16,6 +16,7 @@ from txjax.decoding import generate
 from txjax.models import T5
 from txjax.tasks.text import (
     TextRunConfig,
+    batches_of,
     check_len,
     corpus_documents,
     corpus_split,
@@ -112,10 +113,27 @@ BLANK_SAMPLE = 64
 """Held-out rows decoded greedily for `blank_span_share` in a run's summary."""
 
 
+def _spans(predicted: list[str]) -> list[str]:
+    return [piece for text in predicted for piece in re.split(r"<\d+>", text)[1:]]
+
+
 def blank_span_share(predicted: list[str]) -> float:
     """Share of predicted span texts (`show_spans` strings) whose spans are all empty or whitespace."""
-    spans = [piece for text in predicted for piece in re.split(r"<\d+>", text)[1:]]
+    spans = _spans(predicted)
     return sum(1 for sp in spans if not sp.strip()) / len(spans) if spans else 0.0
+
+
+def distinct_span_share(predicted: list[str]) -> float:
+    """Distinct predicted span texts over all predicted spans: near 0 when the decoder writes the
+    same spans whatever the encoder reads (an unconditional language model of the targets)."""
+    spans = _spans(predicted)
+    return len(set(spans)) / len(spans) if spans else 0.0
+
+
+def encoder_shuffled(batch: dict) -> dict:
+    """The batch with each row's encoder input (and its document ids) taken from the next row:
+    the held-out loss on it, beside the real one, says how much the decoder reads the encoder."""
+    return {k: np.roll(v, 1, axis=0) if k.startswith("enc_") else v for k, v in batch.items()}
 
 
 def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, *,
@@ -153,18 +171,24 @@ def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, 
     pred = t5_decode(stepper.model(addressable(state.params)), held["enc_inputs"][:n], targets_length,
                      jax.random.key(train_cfg.seed), temperature=0.0, lengths_B=lengths)
     predicted = [show_spans(tok, row) for row in pred]
+    shuffled = stepper.evaluate(state.params, batches_of(encoder_shuffled(held), run_cfg.eval_batch_size)
+                                or [encoder_shuffled(held)])
     examples = [{"input": show_spans(tok, held["enc_inputs"][i]), "truth": show_spans(tok, held["targets"][i]),
                  "predicted": predicted[i]} for i in range(min(run_cfg.show, n))]
     summary = {"heldout_loss": final["loss"], "heldout_token_accuracy": final["accuracy"],
                "heldout_target_tokens": final["tokens"],
-               "blank_span_share": blank_span_share(predicted), "blank_span_examples": n, "examples": examples,
+               "heldout_loss_encoder_shuffled": shuffled["loss"], "heldout_accuracy_encoder_shuffled": shuffled["accuracy"],
+               "blank_span_share": blank_span_share(predicted), "distinct_span_share": distinct_span_share(predicted),
+               "blank_span_examples": n, "examples": examples,
                **fit_numbers(fit_summary), "total_wall_s": time.perf_counter() - t0}
     write_summary(run_cfg, summary, "span loss (nats / target token)")
-    log(f"held-out span-corruption loss {final['loss']:.4f} nats/token, token accuracy {final['accuracy']:.4f}; "
-        f"blank (empty or whitespace) predicted spans {summary['blank_span_share']:.3f} over {n} rows")
+    log(f"held-out span-corruption loss {final['loss']:.4f} nats/token, token accuracy {final['accuracy']:.4f} "
+        f"({shuffled['loss']:.4f} / {shuffled['accuracy']:.4f} with the encoder rows shuffled); predicted spans over "
+        f"{n} rows: {summary['blank_span_share']:.3f} blank (empty or whitespace), "
+        f"{summary['distinct_span_share']:.3f} distinct")
     for ex in examples:
         log(f"  input:     {ex['input']!r}\n  truth:     {ex['truth']!r}\n  predicted: {ex['predicted']!r}")
     return summary
 
 
-__all__ = ["blank_span_share", "fill_spans", "run_t5", "show_spans", "span_transform", "t5_decode", "t5_lengths"]
+__all__ = ["blank_span_share", "distinct_span_share", "encoder_shuffled", "fill_spans", "run_t5", "show_spans", "span_transform", "t5_decode", "t5_lengths"]
