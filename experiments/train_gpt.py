@@ -15,7 +15,9 @@ from txjax.config import ExecutionConfig, GPTConfig
 from txjax.tasks.mnist import MnistRunConfig, run_gpt_mnist
 from txjax.train.cli import script_parser
 from txjax.train.config import TrainConfig
-from txjax.train.experiment import train_script
+from txjax.train.experiment import cpu_compute_dtype, train_script
+
+CPU_DTYPE, CPU_DTYPE_WHY = cpu_compute_dtype()
 
 PRESETS = {
     # Sized for one accelerator: 6.4M parameters, 12,000 steps of 128 images (25 epochs). Not yet
@@ -33,10 +35,11 @@ PRESETS = {
     # (float32 parameters; 160 ms/step against 235 in float32 on AVX512-BF16 cores: 9 min 21 s
     # in all): test NLL 61.09 nats/image (float32: 60.77), samples' confident share 0.77 of
     # real digits' (BUILD.md, "CPU presets"). On a CPU without bfloat16 dot instructions
-    # (no avx512_bf16 / amx_bf16 in /proc/cpuinfo) pass --dtype float32.
+    # (no avx512_bf16 / amx_bf16 in /proc/cpuinfo) bfloat16 is slower than float32, so the
+    # preset computes in float32 there (its first line says which).
     "cpu": {
         "model": GPTConfig(vocab_size=17, max_len=197, d_model=128, num_heads=4, num_layers=4,
-                           d_ff=512, dtype="bfloat16"),
+                           d_ff=512, dtype=CPU_DTYPE),
         "train": TrainConfig(learning_rate=2e-3, warmup_steps=100, steps=3000, batch_size=16,
                              weight_decay=0.01, checkpoint_every=500, eval_every=1000, eval_batches=4),
         "run": MnistRunConfig(name="gpt_mnist_cpu", eval_batch_size=250),
@@ -50,8 +53,10 @@ def make_parser(configs):
 
 
 def main(argv=None) -> dict:
+    dtype_given = any(a == "--dtype" or a.startswith("--dtype=") for a in argv or ())
     return train_script(run_gpt_mnist, PRESETS, make_parser, argv,
-                        locate=lambda run: or_local(run, "data", "mnist.npz"))
+                        locate=lambda run: or_local(run, "data", "mnist.npz"),
+                        notes={} if dtype_given else {"cpu": f"compute dtype {CPU_DTYPE}: {CPU_DTYPE_WHY}"})
 
 
 if __name__ == "__main__":

@@ -93,6 +93,22 @@ def test_without_preset_the_backend_picks_it_and_the_first_line_says_why(script,
     assert seen[-1] == module.PRESETS["default"]["train"] and lines[-1].startswith("preset default: JAX found an")
 
 
+def test_cpu_preset_computes_in_bfloat16_only_on_a_cpu_with_bfloat16_dots(tmp_path):
+    from txjax.train.experiment import cpu_compute_dtype, train_script
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 fma\n")
+    assert cpu_compute_dtype(info) == ("bfloat16", "this CPU has bfloat16 dot instructions (avx512_bf16)")
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f fma\n")
+    assert cpu_compute_dtype(info)[0] == "float32"
+    assert cpu_compute_dtype(tmp_path / "absent")[0] == "float32"
+    gpt = load_script("train_gpt")
+    assert gpt.PRESETS["cpu"]["model"].dtype == cpu_compute_dtype()[0]
+    lines = []
+    train_script(lambda *a, **k: {}, gpt.PRESETS, gpt.make_parser, [], log=lines.append, notes={"cpu": "why"})
+    assert lines[0].startswith("preset cpu: JAX found no accelerator") and lines[0].endswith("; why")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),
     (["--learning_rate", "-0.1"], "learning_rate must be > 0"),

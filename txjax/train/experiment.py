@@ -124,6 +124,24 @@ def backend_preset(presets: dict) -> tuple[str, str]:
     return "cpu", "JAX found no accelerator (backend cpu)"
 
 
+BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16")
+"""x86 CPU flags for bfloat16 dot products: with one, XLA:CPU runs bf16 x bf16 -> f32 matmuls faster
+than float32 ones; without, it converts and runs them slower (BUILD.md, "CPU presets")."""
+
+
+def cpu_compute_dtype(cpuinfo: str | Path = "/proc/cpuinfo") -> tuple[str, str]:
+    """(dtype, why) for a CPU preset: "bfloat16" where the CPU has bfloat16 dot instructions,
+    else "float32" (also where `cpuinfo` cannot be read: not Linux)."""
+    try:
+        flags = set(Path(cpuinfo).read_text().split())
+    except OSError:
+        flags = set()
+    found = [f for f in BF16_DOT_FLAGS if f in flags]
+    if found:
+        return "bfloat16", f"this CPU has bfloat16 dot instructions ({', '.join(found)})"
+    return "float32", f"this CPU has no bfloat16 dot instructions ({' / '.join(BF16_DOT_FLAGS)})"
+
+
 def preset_line(preset: str, forced: bool, why: str) -> str:
     """The script's first line: which preset runs, and why."""
     if not forced:
@@ -136,12 +154,13 @@ def preset_line(preset: str, forced: bool, why: str) -> str:
 
 
 def train_script(run_fn, presets: dict, make_parser, argv=None, *, locate: Callable = lambda run: run,
-                 log: Callable[[str], None] = print) -> dict:
+                 log: Callable[[str], None] = print, notes: dict[str, str] | None = None) -> dict:
     """What a train_*.py script does: pick the preset (`--preset`, else the one for the backend: see
     `backend_preset`), say which and why, apply the flags, then `run_fn(model, train, locate(run),
     execution=...)`; an error a user can fix is one line.
 
     locate(run config) -> run config: the script's chance to fill in data paths.
+    notes: preset -> what the first line adds when that preset runs (how the preset was fitted to this machine).
     First of all, before any device is touched, it joins the other processes of a multi-process
     run when the environment says so (`initialize_distributed`), and leaves them at the end.
     """
@@ -149,7 +168,8 @@ def train_script(run_fn, presets: dict, make_parser, argv=None, *, locate: Calla
     try:
         auto, why = backend_preset(presets)
         preset, cfg = parse_configs(make_parser, presets, argv, auto)
-        log(preset_line(preset, given_preset(argv) is not None, why))
+        note = (notes or {}).get(preset)
+        log(preset_line(preset, given_preset(argv) is not None, why) + (f"; {note}" if note else ""))
         try:
             return run_fn(cfg["model"], cfg["train"], locate(cfg["run"]), execution=cfg["execution"])
         except (NonFiniteLoss, CheckpointMismatch, CheckpointWriteError, RunDirError, FileNotFoundError,
