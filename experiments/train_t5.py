@@ -24,20 +24,23 @@ PRESETS = {
     "default": {
         "model": T5Config(d_model=384, num_heads=6, num_layers=6, d_ff=1536, dropout=0.1),
         "train": TrainConfig(learning_rate=5e-4, warmup_steps=500, steps=10000, batch_size=128,
-                             weight_decay=0.01, eval_every=1000, checkpoint_every=1000),
-        "run": TextRunConfig(name="t5_spans", seq_len=256),
+                             weight_decay=0.01, relative_bias_lr_multiplier=10.0, eval_every=1000,
+                             checkpoint_every=1000),
+        "run": TextRunConfig(name="t5_spans", seq_len=256, mean_span=20.0),
         "execution": ExecutionConfig(),
     },
-    # Sized for 2 CPU cores: a few minutes; 64-character encoder rows (14 decoder tokens), B 64.
-    # 2026-12-02, tinyshakespeare, idle: 1200 steps, 245-252 ms/step, 311-319 s end to end; held-out
-    # target-token accuracy 0.391-0.392, blank-span share 0.333-0.536 (two mask streams). The 0.45 / 10% targets are not reached:
-    # greedy spans are the same for every row, and teacher-forced held-out loss barely moves when
-    # the encoder rows are shuffled, so the decoder has not yet learnt to read the encoder.
+    # Sized for 2 CPU cores: 64-character encoder rows, one 11-character span each (ByT5's mean
+    # span of 20 characters), B 64, T5's own init, the relative bias learning 10x faster.
+    # 2026-12-03, tinyshakespeare, idle, on an AVX2-only machine (505 ms/step, about half the
+    # speed of the AVX-512 one of earlier rows): 10 min 33 s end to end; held-out target-token
+    # accuracy 0.530, blank spans 0%, distinct spans 59%, held-out loss 1.60 -> 1.97 nats with
+    # the encoder rows shuffled (the decoder reads its encoder). BUILD.md, "CPU presets".
     "cpu": {
         "model": T5Config(d_model=128, num_heads=4, num_layers=3, d_ff=512),
         "train": TrainConfig(learning_rate=3e-3, warmup_steps=100, steps=1200, batch_size=64,
-                             weight_decay=0.01, checkpoint_every=1200, eval_batches=2),
-        "run": TextRunConfig(name="t5_spans_cpu", seq_len=64),
+                             weight_decay=0.01, relative_bias_lr_multiplier=10.0, checkpoint_every=1200,
+                             eval_batches=2),
+        "run": TextRunConfig(name="t5_spans_cpu", seq_len=64, mean_span=20.0),
         "execution": ExecutionConfig(),
     },
 }
