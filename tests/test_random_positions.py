@@ -125,3 +125,39 @@ def test_t5_bucket_arithmetic_must_be_defined(changes):
     with pytest.raises(ValueError, match="max_distance"):
         T5Config(**TINY, **changes)
     assert T5Config(**TINY, max_distance=17).max_distance == 17
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_padded_rows_draw_their_real_tokens_as_if_alone(jit):
+    """With lengths, row b's first k entries are k sorted distinct draws spread over all of [0, R)
+    (the first k of T sorted draws would crowd the low positions); the rest are 0."""
+    draw = jax.jit(ops.random_positions, static_argnums=(1, 2, 3)) if jit else ops.random_positions
+    lengths = np.array([1, 2] * 2000)
+    p = np.asarray(draw(jax.random.key(0), 4000, 6, 8, jnp.asarray(lengths)))
+    assert p.shape == (4000, 6) and p.dtype == np.int32
+    np.testing.assert_array_equal(p[lengths == 1, 1:], 0)
+    np.testing.assert_array_equal(p[lengths == 2, 2:], 0)
+    assert np.all(p[lengths == 2, 1] > p[lengths == 2, 0])
+    # a single real token is uniform over [0, 8): E = 3.5 (the first of 6 sorted draws: E = 9/7)
+    singles = p[lengths == 1, 0]
+    np.testing.assert_allclose(np.bincount(singles, minlength=8) / len(singles), 1 / 8, atol=0.03)
+    # the larger of two draws from 0..R-1: E[max] = 2 (R + 1) / 3 - 1 = 5 (the second of 6 sorted draws: 18/7)
+    assert abs(p[lengths == 2, 1].mean() - 5.0) < 0.1
+    full = np.asarray(draw(jax.random.key(0), 4000, 6, 8, jnp.full((4000,), 6)))
+    assert np.all(np.diff(full, axis=1) > 0)
+
+
+@pytest.mark.parametrize("family", ["bert", "t5"])
+def test_padding_does_not_change_a_rows_random_positions(family):
+    """An encoder row's real tokens get positions drawn over [0, R) as if the row were unpadded:
+    padded to 12 or 20 tokens, a 3-token row's last position averages 3 (R + 1) / 4 - 1, not less."""
+    m = model(family, random_positions=24)
+    graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+    train = nnx.merge(graphdef, params, fresh_rngs(rest, jax.random.key(0)))
+    for width in (3, 12, 20):
+        tokens = jnp.zeros((2000, width), jnp.int32).at[:, :3].set(5)  # pad id 0
+        valid = tokens != 0
+        p = np.asarray(train.positions(tokens, valid_BT=valid))
+        assert np.all(np.diff(p[:, :3], axis=1) > 0)
+        assert abs(p[:, 2].mean() - (3 * 25 / 4 - 1)) < 0.4, (width, p[:, 2].mean())
+        np.testing.assert_array_equal(p[:, 3:], np.repeat(p[:, 2:3], width - 3, axis=1))

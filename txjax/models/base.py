@@ -32,16 +32,18 @@ class Model(nnx.Module):
         return x_BTD * self.config.d_model**0.5 if self.config.scale_embeddings else x_BTD
 
     def positions(self, tokens_BT: jax.Array, cache: KVCache | None = None,
-                  document_ids_BT: jax.Array | None = None) -> jax.Array:
+                  document_ids_BT: jax.Array | None = None, valid_BT: jax.Array | None = None) -> jax.Array:
         """Where the tokens sit: 0..T-1 ([T]); after a cache's `index` tokens (per row after its
         left padding); restarting at 0 at each document of a packed row ([B, T]); or, while
         training with `config.random_positions`, a sorted random subset per row ([B, T]), of
-        which a packed document takes the first ones."""
+        which a packed document takes the first ones (with `valid_BT`, False at pads, a padded
+        row's real tokens are drawn as if the row had no pads)."""
         b, t = tokens_BT.shape
         positions_T = jnp.arange(t, dtype=jnp.int32)
         if cache is not None:
             return cache.positions(cache.index + positions_T)
-        drawn_BT = None if self.random_positions is None else self.random_positions(b, t)
+        drawn_BT = None if self.random_positions is None else self.random_positions(
+            b, t, valid_BT if document_ids_BT is None else None)
         if document_ids_BT is None:
             return positions_T if drawn_BT is None else drawn_BT
         in_document_BT = ops.document_positions(document_ids_BT)

@@ -82,9 +82,10 @@ class Bert(Model):
         tokens_BT = check_tokens(tokens_BT, self.config.vocab_size)
         if document_ids_BT is not None:
             document_ids_BT = check_document_ids(document_ids_BT, tokens_BT.shape)
-        positions_T = self.positions(tokens_BT, document_ids_BT=document_ids_BT)
+        valid_BT = self.valid(tokens_BT)
+        positions_T = self.positions(tokens_BT, document_ids_BT=document_ids_BT, valid_BT=valid_BT)
         x_BTD = self.embed_tokens(tokens_BT, segment_ids_BT, positions_T)
-        return self.encoder(self.dropout(x_BTD), positions_T, valid_BT=self.valid(tokens_BT),
+        return self.encoder(self.dropout(x_BTD), positions_T, valid_BT=valid_BT,
                             documents_BT=document_ids_BT)[0]
 
     def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array | None = None,

@@ -37,10 +37,11 @@ class T5(Model):
         enc_tokens_BS = check_tokens(enc_tokens_BS, self.config.vocab_size, "encoder tokens")
         if document_ids_BS is not None:
             document_ids_BS = check_document_ids(document_ids_BS, enc_tokens_BS.shape, "enc_document_ids")
-        positions_S = self.positions(enc_tokens_BS, document_ids_BT=document_ids_BS)
+        valid_BS = self.encoder_valid(enc_tokens_BS, lengths_B)
+        positions_S = self.positions(enc_tokens_BS, document_ids_BT=document_ids_BS, valid_BT=valid_BS)
         x_BSD = self.encoder.embed_positions(self.token_embeddings(enc_tokens_BS), positions_S)
         h_BSD, _ = self.encoder(self.dropout(x_BSD), positions_S, documents_BT=document_ids_BS,
-                                valid_BT=self.encoder_valid(enc_tokens_BS, lengths_B))
+                                valid_BT=valid_BS)
         return self.dropout(h_BSD)
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:

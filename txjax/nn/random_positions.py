@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from txjax import ops
@@ -28,8 +29,15 @@ class RandomPositions(nnx.Module):
         if deterministic is not None:
             self.deterministic = deterministic
 
-    def __call__(self, batch: int, length: int) -> jax.Array | None:
-        """int32 [B, T], or None: use 0..T-1."""
+    def __call__(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:
+        """int32 [B, T], or None: use 0..T-1. valid_BT (False at pads): the row's k-th real token
+        gets the k-th of k sorted draws, so padding does not change a row's positions; a pad gets
+        its preceding real token's position (pads are never attended to)."""
         if self.deterministic and not self.at_eval:
             return None
-        return ops.random_positions(self.rngs(), batch, length, self.max_position)
+        if valid_BT is None:
+            return ops.random_positions(self.rngs(), batch, length, self.max_position)
+        drawn_BT = ops.random_positions(self.rngs(), batch, length, self.max_position,
+                                        lengths_B=valid_BT.sum(axis=-1))
+        rank_BT = jnp.maximum(jnp.cumsum(valid_BT, axis=-1) - 1, 0)
+        return jnp.take_along_axis(drawn_BT, rank_BT, axis=1)

@@ -236,16 +236,25 @@ def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -
     return -alibi_slopes(num_heads)[None, :, None, None] * distance_BTS[:, None]
 
 
-def random_positions(key: jax.Array, batch: int, length: int, max_position: int) -> jax.Array:
+def random_positions(key: jax.Array, batch: int, length: int, max_position: int,
+                     lengths_B: jax.Array | None = None) -> jax.Array:
     """int32 [B, T]: per row, T distinct positions drawn uniformly from [0, max_position), sorted.
 
     Ruoss et al. 2023 ("Randomized Positional Encodings Boost Length Generalization"): trained
     on such positions, a model has seen every position up to max_position, not only 0..T-1.
+    lengths_B (a padded batch): row b's first lengths_B[b] entries are a sorted uniform subset of
+    that size, as if the row were drawn alone (the first k of T sorted draws would not be: they
+    crowd low positions); the entries after them are 0.
     """
     if length > max_position:
         raise ValueError(f"random_positions: {length} tokens need max_position >= {length}, got {max_position}")
-    ranks_BR = jnp.argsort(jax.random.uniform(key, (batch, max_position)), axis=-1)
-    return jnp.sort(ranks_BR[:, :length], axis=-1).astype(jnp.int32)
+    ranks_BT = jnp.argsort(jax.random.uniform(key, (batch, max_position)), axis=-1)[:, :length]
+    if lengths_B is None:
+        return jnp.sort(ranks_BT, axis=-1).astype(jnp.int32)
+    # The first k entries of a random permutation are a uniform k-subset; the rest sort after them.
+    kept_BT = jnp.arange(length)[None, :] < jnp.asarray(lengths_B)[:, None]
+    sorted_BT = jnp.sort(jnp.where(kept_BT, ranks_BT, max_position), axis=-1)
+    return jnp.where(kept_BT, sorted_BT, 0).astype(jnp.int32)
 
 
 def _query_key_BTS(q_positions: jax.Array, k_positions: jax.Array) -> tuple[jax.Array, jax.Array]:
