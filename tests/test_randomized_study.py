@@ -1,0 +1,156 @@
+"""The randomized-positions study (Ruoss et al. 2023): its tasks against their definitions, the
+empty output tape, padding that changes nothing, and a small study end to end."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from txjax import Bert
+from txjax.data import IGNORE_INDEX
+from txjax.studies.randomized import (
+    BLANK,
+    FIRST,
+    MODULUS,
+    OPERATORS,
+    PAD,
+    RandomizedConfig,
+    encode,
+    evaluate_modular,
+    markdown,
+    model_config,
+    randomization_gains,
+    run_study,
+    sample_task,
+    summarize,
+    width,
+)
+from txjax.train.config import TrainConfig
+
+
+def expression(text: str) -> tuple[np.ndarray, np.ndarray]:
+    tokens = text.split()
+    return np.array([int(t) for t in tokens[::2]]), np.array([OPERATORS.index(o) for o in tokens[1::2]])
+
+
+@pytest.mark.parametrize("text, value", [
+    ("1 + 2 * 3", 2), ("1 - 1 - 1", 4), ("0 * 1 + 4 * 3 - 2", 0),  # the examples of the paper's task
+    ("4", 4), ("2 * 3 * 4", 4), ("3 - 2 * 4", 0), ("1 - 4 * 4 + 2", 2),
+])
+def test_modular_arithmetic_reduces_products_first(text, value):
+    assert evaluate_modular(*expression(text)) == value
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["reverse_string", "duplicate_string", "parity_check", "modular_arithmetic"]),
+       st.integers(1, 30), st.integers(0, 2**31 - 1))
+def test_tasks_follow_their_definitions(task, length, seed):
+    x, y = sample_task(task, np.random.default_rng(seed), 4, length)
+    bits = x - FIRST
+    if task == "reverse_string":
+        np.testing.assert_array_equal(y - FIRST, bits[:, ::-1])
+    elif task == "duplicate_string":
+        np.testing.assert_array_equal(y - FIRST, np.concatenate([bits, bits], 1))
+    elif task == "parity_check":
+        np.testing.assert_array_equal(y[:, 0] - FIRST, bits.sum(1) % 2)
+    else:
+        assert x.shape[1] == length - (1 - length % 2)  # odd: an even length drops a token
+        assert np.all((bits[:, ::2] >= 0) & (bits[:, ::2] < MODULUS))
+        assert np.all(bits[:, 1::2] >= MODULUS)
+        for row, out in zip(bits, y[:, 0] - FIRST):
+            assert out == evaluate_modular(row[::2], row[1::2] - MODULUS)
+    if task != "modular_arithmetic":
+        assert set(np.unique(bits)) <= {0, 1}
+    assert x.min() >= FIRST and y.min() >= FIRST
+    assert x.shape[1] + y.shape[1] == width(task, x.shape[1])
+
+
+def test_rows_are_the_input_then_a_blank_tape_scored_only_there():
+    x, y = np.array([[2, 3, 3]]), np.array([[3, 3, 2]])
+    b = encode(x, y, 8)
+    np.testing.assert_array_equal(b["inputs"], [[2, 3, 3, BLANK, BLANK, BLANK, PAD, PAD]])
+    np.testing.assert_array_equal(b["targets"], [[IGNORE_INDEX] * 3 + [3, 3, 2] + [IGNORE_INDEX] * 2])
+    with pytest.raises(ValueError, match="does not fit"):
+        encode(x, y, 5)
+
+
+@pytest.mark.parametrize("variant", ["rope", "alibi", "t5", "sinusoidal", "learned"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_padding_to_the_task_width_changes_no_logit(variant, jit):
+    """One width per task is exact: pads are masked keys, and real tokens keep positions 0..k-1."""
+    study = RandomizedConfig(num_layers=2, train_max=8, test_max=12)
+    cfg = model_config(variant, "reverse_string", study)
+    model = nnx.view(Bert(cfg, rngs=nnx.Rngs(0)), deterministic=True, raise_if_not_found=False)
+    call = jax.jit(lambda t: model(t)) if jit else model
+    b = encode(*sample_task("reverse_string", np.random.default_rng(0), 3, 5), width("reverse_string", 8))
+    alone = call(jnp.asarray(b["inputs"][:, :10]))
+    padded = call(jnp.asarray(b["inputs"]))
+    np.testing.assert_allclose(padded[:, :10], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_learned_tables_hold_the_training_rows_and_random_ones_all_positions():
+    study = RandomizedConfig(max_position=512)
+    assert model_config("learned", "duplicate_string", study).max_len == 120
+    assert model_config("learned", "parity_check", study).max_len == 41
+    randomized = model_config("learned+random", "parity_check", study)
+    assert (randomized.max_len, randomized.random_positions, randomized.random_positions_eval) == (512, 512, True)
+    assert model_config("rope", "parity_check", study).random_positions is None
+    assert study.test_lengths == (41, 46, 51, 56, 61, 66, 71, 76, 81, 86, 91, 96, 100)
+    assert RandomizedConfig(positions="rope,none").variants == ("rope", "rope+random", "none")
+    with pytest.raises(ValueError, match="max_position"):
+        RandomizedConfig(max_position=200)  # duplicate_string at 100: 300 tokens
+    with pytest.raises(ValueError, match="positions"):
+        RandomizedConfig(positions="xpos")  # causal only; this is an encoder
+
+
+def test_gain_is_randomized_minus_plain_where_both_exist():
+    runs = [{"task": "t", "variant": v, "seed": 0, "in_accuracy": 1.0, "out_accuracy": a}
+            for v, a in [("rope", 0.5), ("rope+random", 0.8), ("learned", None), ("learned+random", 0.6),
+                         ("alibi", 0.7), ("alibi+random", 0.6)]]
+    gains = randomization_gains(summarize(runs))
+    np.testing.assert_allclose(sorted(gains), [-0.1, 0.3])
+    assert "+10.0 points" in markdown(summarize(runs), RandomizedConfig())
+
+
+@pytest.mark.slow
+def test_small_study_learns_writes_and_resumes(tmp_path):
+    study = RandomizedConfig(tasks="reverse_string", positions="rope,learned", seeds=1, train_max=6,
+                             test_max=10, test_step=2, eval_examples=32, num_layers=2, max_position=64,
+                             out_dir=str(tmp_path))
+    train = TrainConfig(steps=60, batch_size=32, learning_rate=3e-3, warmup_steps=0, min_lr_ratio=1.0,
+                        weight_decay=0.0, progress=False)
+    result = run_study(train, study, log=lambda s: None)
+    runs = {r["variant"]: r for r in result["runs"]}
+    assert set(runs) == {"rope", "rope+random", "learned", "learned+random"}
+    assert runs["learned"]["out_accuracy"] is None  # beyond a plain table: n/a, never clamped
+    assert runs["learned+random"]["out_accuracy"] is not None
+    assert sorted(runs["rope"]["accuracy_by_length"], key=int) == [str(n) for n in range(1, 7)] + ["7", "9", "10"]
+    assert runs["rope"]["in_accuracy"] > 0.6  # above the 0.5 of guessing bits: the tape is read
+    for name in ("table.md", "table.csv", "runs.csv", "results.json", "randomized_positions.png"):
+        assert (tmp_path / name).exists()
+    assert json.loads((tmp_path / "results.json").read_text())["configs"]["study"]["train_max"] == 6
+    again = run_study(train, study, log=lambda s: None)  # everything is in runs.jsonl: nothing retrains
+    assert len(again["runs"]) == 4 and len(again["parts"]) == 2
+
+
+def test_the_script_parses_its_presets_and_flags():
+    import importlib.util
+    from pathlib import Path
+
+    from txjax.train.cli import parse_configs
+
+    path = Path(__file__).resolve().parent.parent / "experiments" / "randomized_positions.py"
+    spec = importlib.util.spec_from_file_location("randomized_positions", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    preset, cfg = parse_configs(script.make_parser, script.PRESETS,
+                                ["--tasks", "parity_check", "--positions", "alibi", "--seeds", "1", "--steps", "5"], "cpu")
+    assert preset == "cpu" and cfg["study"].variants == ("alibi", "alibi+random")
+    assert cfg["train"].steps == 5 and cfg["train"].learning_rate == 1e-3 and cfg["train"].min_lr_ratio == 1.0
+    _, default = parse_configs(script.make_parser, script.PRESETS, ["--preset", "default"], "cpu")
+    assert (default["train"].batch_size, default["train"].steps, default["study"].test_max) == (128, 10_000, 500)

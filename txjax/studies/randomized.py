@@ -1,0 +1,330 @@
+"""Randomized positions (Ruoss et al. 2023, "Randomized Positional Encodings Boost Length
+Generalization of Transformers") at the scale of their `experiments/example.py`: an encoder
+(5 layers, D 64, 8 heads, post-norm, ReLU, dropout 0.1) trained on inputs of length 1..40 and
+scored per output token on longer inputs, each encoding with and without random positions.
+
+As there, one input length is drawn per step (uniform over 1..train_max) and the model reads
+the input followed by one BLANK per output token; its outputs at the BLANKs are the answer
+(`make_model_with_empty_targets`). Tasks and their output lengths follow the paper's code:
+reverse_string (n), duplicate_string (2n), parity_check (1), modular_arithmetic (1; modulus 5,
+operators + - *, an odd number of tokens: an even length drops its last token). Random
+positions are a sorted random subset of [0, max_position) drawn in training and evaluation
+alike, as their code does.
+
+Unlike their code, every batch is padded to one width per task (so XLA compiles one step per
+task, not one per length) with the pads masked and each row's random positions drawn as if
+unpadded (`txjax.ops.random_positions` with lengths); positions are drawn per row, not one set
+per batch; the loss is the mean over output tokens, not their sum per sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from txjax import Bert
+from txjax.config import BertConfig, positions_for
+from txjax.data import IGNORE_INDEX
+from txjax.studies.common import (
+    git_revision,
+    init_params,
+    markdown_table,
+    mean_std,
+    parse_list,
+    pyplot,
+    run_metadata,
+    write_outputs,
+)
+from txjax.studies.length import append_jsonl, read_jsonl
+from txjax.train.config import TrainConfig
+from txjax.train.loop import fit
+from txjax.train.steps import Stepper, bert_loss, fresh_rngs
+
+PAD, BLANK, FIRST = 0, 1, 2  # ids: padding, the output tape's empty cell, then the symbols
+MODULUS = 5
+OPERATORS = "+-*"
+VOCAB_SIZE = FIRST + MODULUS + len(OPERATORS)  # one vocabulary for every task
+TASKS = ("reverse_string", "duplicate_string", "parity_check", "modular_arithmetic")
+RANDOM_SUFFIX = "+random"
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomizedConfig:
+    """Tasks, lengths, the model (the paper's example.py by default), and what is compared."""
+
+    tasks: str = ",".join(TASKS)  # comma list from TASKS
+    positions: str = "sinusoidal,learned,rope,t5,alibi,none"  # encodings; each also with random positions, except none
+    seeds: int = 3  # seeds per (task, encoding, randomized or not)
+    train_max: int = 40  # training lengths 1..train_max, one drawn per step
+    test_max: int = 100  # test lengths train_max+1 .. test_max (the paper: 500)
+    test_step: int = 5  # every test_step-th test length is scored, the last always
+    eval_examples: int = 64  # examples per scored length
+    max_position: int = 2048  # random positions are drawn from [0, max_position) (the paper's noise_max_length)
+    d_model: int = 64
+    num_heads: int = 8
+    num_layers: int = 5
+    d_ff: int = 256
+    dropout: float = 0.1
+    out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
+
+    def __post_init__(self):
+        for name, allowed in (("tasks", TASKS), ("positions", positions_for("bert"))):
+            items = parse_list(getattr(self, name))
+            if not items or any(x not in allowed for x in items):
+                raise ValueError(f"{name} must be a comma list from {allowed}, got {getattr(self, name)!r}")
+        if not 1 <= self.train_max < self.test_max or self.test_step < 1:
+            raise ValueError("need 1 <= train_max < test_max and test_step >= 1")
+        if self.seeds < 1 or self.eval_examples < 1:
+            raise ValueError("seeds >= 1 and eval_examples >= 1 are required")
+        widest = max(width(t, self.test_max) for t in parse_list(self.tasks))
+        if self.max_position < widest:
+            raise ValueError(f"max_position={self.max_position} is below the widest test row ({widest} tokens)")
+
+    @property
+    def test_lengths(self) -> tuple[int, ...]:
+        lengths = list(range(self.train_max + 1, self.test_max + 1, self.test_step))
+        return tuple(lengths if lengths[-1] == self.test_max else [*lengths, self.test_max])
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """'rope', 'rope+random', ...: each encoding plain, then randomized (not 'none')."""
+        out = []
+        for p in parse_list(self.positions):
+            out += [p] if p == "none" else [p, p + RANDOM_SUFFIX]
+        return tuple(out)
+
+
+def output_length(task: str, n: int) -> int:
+    return {"reverse_string": n, "duplicate_string": 2 * n}.get(task, 1)
+
+
+def width(task: str, n: int) -> int:
+    """Tokens in a row of an n-token input: the input and its blank output tape."""
+    return n + output_length(task, n)
+
+
+def evaluate_modular(residues: np.ndarray, operators: np.ndarray) -> int:
+    """r0 o1 r1 o2 r2 ... mod MODULUS, products first (the paper's _evaluate_expression)."""
+    total, term = 0, int(residues[0])
+    for op, r in zip(operators, residues[1:]):
+        if OPERATORS[op] == "*":
+            term *= int(r)
+        else:
+            total += term
+            term = int(r) if OPERATORS[op] == "+" else -int(r)
+    return (total + term) % MODULUS
+
+
+def sample_task(task: str, rng: np.random.Generator, n: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs [n, L'], outputs [n, output_length(L')]) as token ids; L' = length, less one for an
+    even-length modular_arithmetic expression."""
+    if task == "modular_arithmetic":
+        length -= 1 - length % 2
+        residues = rng.integers(0, MODULUS, (n, length // 2 + 1))
+        operators = rng.integers(0, len(OPERATORS), (n, length // 2))
+        x = np.empty((n, length), np.int64)
+        x[:, ::2], x[:, 1::2] = FIRST + residues, FIRST + MODULUS + operators
+        y = np.array([[evaluate_modular(r, o)] for r, o in zip(residues, operators)])
+        return x.astype(np.int32), (FIRST + y).astype(np.int32)
+    bits = rng.integers(0, 2, (n, length))
+    if task == "reverse_string":
+        y = bits[:, ::-1]
+    elif task == "duplicate_string":
+        y = np.concatenate([bits, bits], axis=1)
+    elif task == "parity_check":
+        y = bits.sum(axis=1, keepdims=True) % 2
+    else:
+        raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+    return (FIRST + bits).astype(np.int32), (FIRST + y).astype(np.int32)
+
+
+def encode(x: np.ndarray, y: np.ndarray, row_width: int) -> dict[str, np.ndarray]:
+    """Rows `x BLANK*len(y)` right-padded to row_width; targets y at the blanks, -100 elsewhere."""
+    n, k = x.shape
+    m = y.shape[1]
+    if k + m > row_width:
+        raise ValueError(f"a row of {k + m} tokens does not fit width {row_width}")
+    inputs = np.full((n, row_width), PAD, np.int32)
+    targets = np.full((n, row_width), IGNORE_INDEX, np.int32)
+    inputs[:, :k], inputs[:, k: k + m], targets[:, k: k + m] = x, BLANK, y
+    return {"inputs": inputs, "targets": targets}
+
+
+def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig:
+    """The encoder of a variant; a plain learned table holds the task's widest training row."""
+    position, randomized = variant.removesuffix(RANDOM_SUFFIX), variant.endswith(RANDOM_SUFFIX)
+    plain_table = position == "learned" and not randomized
+    return BertConfig(
+        vocab_size=VOCAB_SIZE, max_len=width(task, study.train_max) if plain_table else study.max_position,
+        d_model=study.d_model, num_heads=study.num_heads, num_layers=study.num_layers, d_ff=study.d_ff,
+        activation="relu", dropout=study.dropout, position=position, embedding_norm=False,
+        scale_embeddings=True, type_vocab_size=1, pad_id=PAD,
+        random_positions=study.max_position if randomized else None, random_positions_eval=randomized)
+
+
+def token_accuracy(logits_fn, params, batch: dict[str, np.ndarray], key: jax.Array) -> float:
+    """Mean over examples of the share of output tokens predicted right (argmax)."""
+    pred = np.argmax(np.asarray(logits_fn(params, batch["inputs"], key)), axis=-1)
+    scored = batch["targets"] != IGNORE_INDEX
+    right = ((pred == batch["targets"]) & scored).sum(-1) / scored.sum(-1)
+    return float(right.mean())
+
+
+def run_one(task: str, variant: str, seed: int, study: RandomizedConfig, train_cfg: TrainConfig,
+            cache: dict) -> dict:
+    """Train one encoder on one task; its per-token accuracy at every scored length."""
+    cfg = model_config(variant, task, study)
+    if cfg not in cache:  # one model per config; XLA compiles once per row width
+        stepper = Stepper(Bert(cfg), bert_loss, train_cfg)
+        # Evaluation draws random positions too: a fresh key per call, the RNG state built inside.
+        cache[cfg] = (stepper, jax.jit(lambda p, x, key, stepper=stepper: nnx.merge(
+            stepper.eval_graphdef, p, fresh_rngs(stepper.rest, key))(x)))
+    stepper, logits_fn = cache[cfg]
+    train_width = width(task, study.train_max)
+
+    def batch_fn(step):
+        rng = np.random.default_rng([seed, step, TASKS.index(task)])
+        length = int(rng.integers(1, study.train_max + 1))
+        return encode(*sample_task(task, rng, train_cfg.batch_size, length), train_width)
+
+    t0 = time.time()
+    state, summary = fit(stepper, stepper.init_state(init_params(Bert, cfg, seed)),
+                         map(batch_fn, itertools.count()), key=jax.random.key(seed))
+    t_train = time.time() - t0
+    # The same examples for every variant and seed; one padded width per split.
+    scored = [(n, train_width) for n in range(1, study.train_max + 1)]
+    scored += [(n, width(task, study.test_max)) for n in study.test_lengths]
+    accuracy = {}
+    for n, row_width in scored:
+        if cfg.random_positions is None and row_width > cfg.max_len:
+            accuracy[n] = None  # a learned table cannot place these positions: n/a, never clamped
+            continue
+        rng = np.random.default_rng([10_000, TASKS.index(task), n])
+        accuracy[n] = token_accuracy(logits_fn, state.params, encode(
+            *sample_task(task, rng, study.eval_examples, n), row_width), jax.random.key(10_000 + n))
+    inside = [accuracy[n] for n in range(1, study.train_max + 1)]
+    outside = [accuracy[n] for n in study.test_lengths]
+    return {"task": task, "variant": variant, "seed": seed, "train_loss": summary["train_loss"],
+            "in_accuracy": float(np.mean(inside)),
+            "out_accuracy": None if None in outside else float(np.mean(outside)),
+            "accuracy_by_length": {str(n): a for n, a in accuracy.items()},
+            "train_s": round(t_train, 1), "eval_s": round(time.time() - t0 - t_train, 1)}
+
+
+def run_study(train_cfg: TrainConfig, study: RandomizedConfig, log=print) -> dict:
+    """Every (task, variant, seed) not yet in out_dir/runs.jsonl, seed-major; then the tables.
+
+    Each finished run is appended to runs.jsonl at once, so a stopped study resumes and a study
+    can be split across processes by --tasks or --positions."""
+    started, revision = time.time(), git_revision()
+    out = Path(study.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    done = {(r["task"], r["variant"], r["seed"]) for r in read_jsonl(out / "runs.jsonl")}
+    cache: dict = {}
+    for seed in range(study.seeds):
+        for task in parse_list(study.tasks):
+            for variant in study.variants:
+                if (task, variant, seed) in done:
+                    continue
+                r = run_one(task, variant, seed, study, train_cfg, cache)
+                append_jsonl(out / "runs.jsonl", [r])
+                log(f"{task:>18} {variant:>18} seed {seed}: loss {r['train_loss']:.3f} "
+                    f"({r['train_s']:.0f}+{r['eval_s']:.0f}s) accuracy in {_pct(r['in_accuracy'])} "
+                    f"out {_pct(r['out_accuracy'])}")
+    meta = run_metadata({"train": train_cfg, "study": study}, started, revision)
+    append_jsonl(out / "parts.jsonl", [meta])
+    result = {"runs": read_jsonl(out / "runs.jsonl"), "parts": read_jsonl(out / "parts.jsonl"), **meta}
+    write_results(result, study)
+    log(f"wrote {study.out_dir} in {meta['wall_s']:.0f}s (load average {meta['load_average_at_end']})")
+    return result
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Mean ± std over seeds per (task, variant), and the gain of randomizing each encoding."""
+    rows = []
+    for task, variant in dict.fromkeys((r["task"], r["variant"]) for r in runs):
+        rs = [r for r in runs if (r["task"], r["variant"]) == (task, variant)]
+        row = {"task": task, "variant": variant, "n_seeds": len(rs)}
+        for split in ("in", "out"):
+            row[f"{split}_mean"], row[f"{split}_std"], _ = mean_std([r[f"{split}_accuracy"] for r in rs])
+        rows.append(row)
+    return rows
+
+
+def randomization_gains(summary: list[dict]) -> list[float]:
+    """Out-of-distribution accuracy of each randomized encoding minus its plain form, per task
+    (plain learned tables score n/a there and give no gain): the paper's 'average gain'."""
+    by = {(r["task"], r["variant"]): r["out_mean"] for r in summary}
+    return [by[(t, v)] - by[(t, v.removesuffix(RANDOM_SUFFIX))] for t, v in by
+            if v.endswith(RANDOM_SUFFIX) and by[(t, v)] is not None
+            and by.get((t, v.removesuffix(RANDOM_SUFFIX))) is not None]
+
+
+def markdown(summary: list[dict], study: RandomizedConfig) -> str:
+    def cell(row, split):
+        m, s = row[f"{split}_mean"], row[f"{split}_std"]
+        if m is None:
+            return "n/a"
+        return f"{100 * m:.1f}" + (f" ± {100 * s:.1f}" if row["n_seeds"] > 1 else "")
+
+    tasks = list(dict.fromkeys(r["task"] for r in summary))
+    header = ["encoding", "seeds"] + [f"{t} {s}" for t in tasks for s in (
+        f"in (1–{study.train_max})", f"out ({study.train_max + 1}–{study.test_max})")]
+    rows = []
+    for v in dict.fromkeys(r["variant"] for r in summary):
+        found = {r["task"]: r for r in summary if r["variant"] == v}
+        cells = [v, "/".join(str(found[t]["n_seeds"]) if t in found else "0" for t in tasks)]
+        for t in tasks:
+            cells += [cell(found[t], s) if t in found else "–" for s in ("in", "out")]
+        rows.append(cells)
+    gains = randomization_gains(summary)
+    tail = (f"\nRandom positions minus the plain encoding, out of distribution, averaged over "
+            f"{len(gains)} (task, encoding) pairs: **{100 * np.mean(gains):+.1f} points** "
+            f"(range {100 * min(gains):+.1f} to {100 * max(gains):+.1f}).\n") if gains else ""
+    return "### Per-token accuracy (%), mean ± std over seeds\n\n" + markdown_table(header, rows) + tail
+
+
+def write_results(result: dict, study: RandomizedConfig) -> Path:
+    summary = summarize(result["runs"])
+    out = write_outputs(study.out_dir, result, summary, [
+        {k: v for k, v in r.items() if k != "accuracy_by_length"} for r in result["runs"]],
+        markdown(summary, study))
+    plot(result["runs"], study, out / "randomized_positions.png")
+    return out
+
+
+def plot(runs: list[dict], study: RandomizedConfig, path: Path) -> Path:
+    """Per-token accuracy against input length, one panel per task, seeds averaged."""
+    plt = pyplot()
+    tasks = list(dict.fromkeys(r["task"] for r in runs))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), sharey=True, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for i, variant in enumerate(dict.fromkeys(r["variant"] for r in runs if r["task"] == task)):
+            rs = [r for r in runs if (r["task"], r["variant"]) == (task, variant)]
+            lengths = sorted(int(n) for n in rs[0]["accuracy_by_length"])
+            acc = [np.mean([r["accuracy_by_length"][str(n)] if r["accuracy_by_length"][str(n)] is not None
+                            else np.nan for r in rs]) for n in lengths]
+            ax.plot(lengths, 100 * np.asarray(acc), color=f"C{i // 2}",
+                    ls="-" if variant.endswith(RANDOM_SUFFIX) or variant == "none" else "--",
+                    label=variant, lw=1.2)
+        ax.axvline(study.train_max + 0.5, color="gray", lw=0.8)
+        ax.set_title(task)
+        ax.set_xlabel("input length")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("per-token accuracy (%)")
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
