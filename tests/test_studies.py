@@ -1,5 +1,6 @@
 """Studies: evaluation functions on hand cases, task generators, attention recomputation, tiny end-to-end runs."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -213,6 +214,56 @@ def test_teacher_forced_exact_match_equals_greedy_decoding():
     assert 0 < exact.sum() < len(xs)  # both outcomes occur, so the check is not vacuous
 
 
+TINY_STUDY = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, eval_examples=8, check_examples=8)
+
+
+def tiny_train(steps):
+    from txjax.train.config import TrainConfig
+
+    return TrainConfig(steps=steps, batch_size=4, warmup_steps=1, learning_rate=1e-3, progress=False)
+
+
+def test_a_run_stops_at_the_first_check_that_reaches_the_target(monkeypatch):
+    """Checks every 2 steps; a stand-in scorer reports 0% exact, then 100%: training stops at step 4
+    of 10, with the curve of both checks, and the test splits are scored once, after it."""
+    calls = []
+
+    def fake_score(logits_fn, params, batch, chunk=128):
+        calls.append(len(batch["targets"]))
+        n = len(batch["targets"])
+        return np.full(n, len(calls) >= 2), np.ones(n)
+
+    monkeypatch.setattr(synthetic, "score", fake_score)
+    study = synthetic.SyntheticConfig(seeds=1, check_every=2, **TINY_STUDY)
+    r = synthetic.run_one("gpt", "copy", "none", 0, study, tiny_train(10), {})
+    assert (r["steps"], r["steps_to_target"]) == (4, 4)
+    assert r["check_curve"] == [[2, 0.0], [4, 1.0]] and len(calls) == 4  # two checks, then in and out
+
+
+@pytest.mark.parametrize("family", ["gpt", "t5"])
+def test_an_unreached_target_trains_the_whole_budget_and_says_so(family):
+    study = synthetic.SyntheticConfig(seeds=1, check_every=2, target_exact=1.0, **TINY_STUDY)
+    r = synthetic.run_one(family, "reverse", "rope", 0, study, tiny_train(5), {})
+    assert r["steps"] == 5 and r["steps_to_target"] is None
+    assert [s for s, _ in r["check_curve"]] == [2, 4, 5]
+    assert all(0.0 <= e < 1.0 for _, e in r["check_curve"])
+    unchecked = synthetic.run_one(family, "reverse", "rope", 0, dataclasses.replace(study, check_every=0),
+                                  tiny_train(5), {})
+    assert (unchecked["steps"], unchecked["check_curve"], unchecked["steps_to_target"]) == (5, [], None)
+    # checking does not change training: the same steps give the same model
+    assert unchecked["in_token_acc"] == pytest.approx(r["in_token_acc"], abs=1e-6)
+
+
+def test_synthetic_table_counts_seeds_at_the_target():
+    runs = [{"family": "gpt", "task": "copy", "position": "none", "seed": s, "steps_to_target": t,
+             "in_exact": 0.96, "out_exact": 0.1 * s, "in_token_acc": 1.0, "out_token_acc": 0.5}
+            for s, t in ((0, 500), (1, 1000), (2, None))]
+    (row,) = synthetic.summarize(runs)
+    assert (row["n_reached"], row["steps_to_target_mean"], row["n_seeds"]) == (2, 750.0, 3)
+    md = synthetic.markdown([row], synthetic.SyntheticConfig())
+    assert "| none | 96.0 ± 0.0 | 10.0 ± 10.0 | 2/3 · 750 |" in md and "seeds at 95% · steps" in md
+
+
 # --------------------------------------------------------------------------- mask rate
 
 
@@ -312,15 +363,22 @@ def test_length_extrapolation_script_end_to_end(tmp_path):
 @pytest.mark.slow
 def test_synthetic_script_end_to_end(tmp_path):
     out = tmp_path / "syn"
-    proc = run_script("synthetic_tasks.py", *TINY, "--tasks", "reverse", "--positions", "none,learned",
-                      "--eval_examples", "16", "--out_dir", str(out))
+    args = [*TINY, "--tasks", "reverse", "--positions", "none,learned", "--seeds", "2", "--check_every", "1",
+            "--eval_examples", "16", "--check_examples", "16", "--out_dir", str(out)]
+    proc = run_script("synthetic_tasks.py", *args)
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "results.json").read_text())
-    assert len(res["runs"]) == 2 * 2  # families x encodings
+    assert len(res["runs"]) == 2 * 2 * 2  # families x encodings x seeds
     for r in res["runs"]:
-        assert 0.0 <= r["in_exact"] <= 1.0
+        assert 0.0 <= r["in_exact"] <= 1.0 and r["steps"] == 2 and len(r["check_curve"]) == 2
         assert (r["out_exact"] is None) == (r["position"] == "learned")
     assert "n/a" in (out / "table.md").read_text() and (out / "synthetic.png").stat().st_size > 0
+    assert res["git_revision"] and res["parts"][0]["command"].startswith("synthetic_tasks.py")
+    # a second start finds every run done and only rewrites the tables
+    proc = run_script("synthetic_tasks.py", *args)
+    assert proc.returncode == 0 and " seed " not in proc.stdout
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 8 and len(json.loads(
+        (out / "results.json").read_text())["parts"]) == 2
 
 
 @pytest.mark.slow

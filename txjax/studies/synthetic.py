@@ -10,6 +10,10 @@ Exact match is measured by teacher forcing: an example counts when the argmax at
 scored position equals the target. By induction this is exactly "greedy decoding
 reproduces y EOS", at the cost of one forward pass. A learned position table holds the
 longest training sequence; longer test sequences are reported as n/a, never clamped.
+
+The out-of-distribution column means something only for a model that has learned the task: each
+run trains until its in-distribution exact match, checked every `check_every` steps on held-out
+examples, reaches `target_exact` (or the step budget runs out) and records the steps it took.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from txjax.studies.common import (
     run_metadata,
     write_outputs,
 )
+from txjax.studies.length import append_jsonl, read_jsonl
 from txjax.train.config import TrainConfig
 from txjax.train.loop import fit
 from txjax.train.steps import Stepper, gpt_loss, t5_loss
@@ -52,13 +57,16 @@ class SyntheticConfig:
     tasks: str = "copy,reverse"  # comma list from copy, reverse
     families: str = "gpt,t5"  # gpt: decoder-only; t5: encoder-decoder
     positions: str = ",".join(POSITIONS)  # comma list of position encodings
-    seeds: int = 1  # seeds per (task, family, encoding)
+    seeds: int = 3  # seeds per (task, family, encoding)
     num_symbols: int = 20  # size of the symbol alphabet (4 special ids come on top)
     train_min: int = 4  # shortest training input
     train_max: int = 20  # longest training input
     test_min: int = 21  # shortest out-of-distribution test input
     test_max: int = 40  # longest out-of-distribution test input
     eval_examples: int = 512  # test examples per split (in / out of distribution)
+    target_exact: float = 0.95  # train until in-distribution exact match reaches this (Kazemnejad et al.'s bar)
+    check_every: int = 250  # steps between those checks; 0: no checks, train every step of the budget
+    check_examples: int = 256  # held-out in-distribution examples per check (not the test examples)
     d_model: int = 64  # D of both families
     num_heads: int = 4  # N
     num_layers: int = 2  # blocks (T5: per stack)
@@ -73,8 +81,10 @@ class SyntheticConfig:
                 raise ValueError(f"{name} must be a comma list from {allowed}, got {getattr(self, name)!r}")
         if not 1 <= self.train_min <= self.train_max or not 1 <= self.test_min <= self.test_max:
             raise ValueError("lengths must satisfy 1 <= min <= max")
-        if self.num_symbols < 2 or self.seeds < 1 or self.eval_examples < 1:
-            raise ValueError("num_symbols >= 2, seeds >= 1 and eval_examples >= 1 are required")
+        if self.num_symbols < 2 or self.seeds < 1 or self.eval_examples < 1 or self.check_examples < 1:
+            raise ValueError("num_symbols >= 2, seeds >= 1, eval_examples >= 1 and check_examples >= 1 are required")
+        if self.check_every < 0 or not 0.0 < self.target_exact <= 1.0:
+            raise ValueError("check_every >= 0 and 0 < target_exact <= 1 are required")
 
     @property
     def vocab_size(self) -> int:
@@ -160,9 +170,17 @@ def fits_table(config, batch: dict[str, np.ndarray]) -> bool:
     return max(v.shape[1] for v in batch.values()) <= config.max_len
 
 
+def score(logits_fn, params, batch: dict[str, np.ndarray], chunk: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """Per-example (exact match, token accuracy) of a batch, `chunk` rows per forward pass."""
+    parts = [exact_match(logits_fn(params, {k: v[i: i + chunk] for k, v in batch.items()}),
+                         batch["targets"][i: i + chunk]) for i in range(0, len(batch["targets"]), chunk)]
+    return np.concatenate([e for e, _ in parts]), np.concatenate([t for _, t in parts])
+
+
 def run_one(family: str, task: str, position: str, seed: int, study: SyntheticConfig,
             train_cfg: TrainConfig, stepper_cache: dict) -> dict:
-    """Train one model and score it in and out of distribution."""
+    """Train one model until it reaches `target_exact` in distribution (or the budget ends); score it
+    in and out of distribution."""
     cfg = model_config(family, position, study)
     model_cls, loss = (GPT, gpt_loss) if family == "gpt" else (T5, t5_loss)
     key = (family, position)
@@ -179,11 +197,23 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
         xs = sample_inputs(rng, train_cfg.batch_size, study.train_min, study.train_max, study.num_symbols)
         return batcher(task, xs, study.train_max)
 
+    check = batcher(task, sample_inputs(np.random.default_rng([20_000 + seed, TASKS.index(task)]),
+                                        study.check_examples, study.train_min, study.train_max,
+                                        study.num_symbols), study.train_max)
     t0 = time.time()
-    state, summary = fit(stepper, stepper.init_state(init_params(model_cls, cfg, seed)),
-                         map(batch_fn, itertools.count()), key=jax.random.key(seed))
+    state, batches = stepper.init_state(init_params(model_cls, cfg, seed)), map(batch_fn, itertools.count())
+    every = study.check_every or train_cfg.steps
+    curve, steps_to_target, done = [], None, 0
+    while done < train_cfg.steps and steps_to_target is None:
+        state, summary = fit(stepper, state, batches, start_step=done, stop_at=done + every,
+                             key=jax.random.key(seed))
+        done = min(done + every, train_cfg.steps)
+        if study.check_every:
+            curve.append([done, float(score(logits_fn, state.params, check)[0].mean())])
+            steps_to_target = done if curve[-1][1] >= study.target_exact else None
     out = {"family": family, "task": task, "position": position, "seed": seed,
-           "train_loss": summary["train_loss"], "train_s": round(time.time() - t0, 1)}
+           "train_loss": summary["train_loss"], "steps": done, "steps_to_target": steps_to_target,
+           "check_curve": curve, "train_s": round(time.time() - t0, 1)}
     rng = np.random.default_rng([10_000 + seed, TASKS.index(task)])  # same test sets for every encoding
     for split, lo, hi in (("in", study.train_min, study.train_max), ("out", study.test_min, study.test_max)):
         xs = sample_inputs(rng, study.eval_examples, lo, hi, study.num_symbols)
@@ -191,33 +221,49 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
         if not fits_table(cfg, {k: v for k, v in batch.items() if k != "targets"}):
             out[f"{split}_exact"], out[f"{split}_token_acc"] = None, None
             continue
-        exact, tok = [], []
-        for i in range(0, len(xs), 128):
-            part = {k: v[i: i + 128] for k, v in batch.items()}
-            e, t = exact_match(logits_fn(state.params, part), part["targets"])
-            exact.append(e)
-            tok.append(t)
-        out[f"{split}_exact"] = float(np.concatenate(exact).mean())
-        out[f"{split}_token_acc"] = float(np.concatenate(tok).mean())
+        exact, tok = score(logits_fn, state.params, batch)
+        out[f"{split}_exact"], out[f"{split}_token_acc"] = float(exact.mean()), float(tok.mean())
     return out
 
 
 def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict:
+    """Every (family, task, encoding, seed) not yet in out_dir/runs.jsonl, seed-major; then the tables.
+
+    Each finished run is appended to runs.jsonl at once, so a stopped study resumes and a study
+    can be split across processes by --families, --tasks or --positions."""
     started, revision = time.time(), git_revision()
+    out = Path(study.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    done = {run_key(r) for r in read_jsonl(out / "runs.jsonl")}
     cache: dict = {}
-    runs = []
-    for family in parse_list(study.families):
-        for task in parse_list(study.tasks):
-            for position in (p for p in parse_list(study.positions) if p in positions_for(family)):
-                for seed in range(study.seeds):
+    for seed in range(study.seeds):
+        for family in parse_list(study.families):
+            for task in parse_list(study.tasks):
+                for position in (p for p in parse_list(study.positions) if p in positions_for(family)):
+                    if (family, task, position, seed) in done:
+                        continue
                     r = run_one(family, task, position, seed, study, train_cfg, cache)
-                    runs.append(r)
+                    append_jsonl(out / "runs.jsonl", [r])
                     log(f"{family} {task:>7} {position:>10} seed {seed}: loss {r['train_loss']:.3f} "
-                        f"({r['train_s']:.0f}s) exact in {_pct(r['in_exact'])} out {_pct(r['out_exact'])}")
-    result = {"runs": runs, **run_metadata({"train": train_cfg, "study": study}, started, revision)}
+                        f"({r['train_s']:.0f}s, {r['steps']} steps, {study.target_exact:.0%} "
+                        f"{'at ' + str(r['steps_to_target']) if r['steps_to_target'] else 'not reached'}) "
+                        f"exact in {_pct(r['in_exact'])} out {_pct(r['out_exact'])}")
+    meta = run_metadata({"train": train_cfg, "study": study}, started, revision)
+    append_jsonl(out / "parts.jsonl", [meta])
+    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": read_jsonl(out / "parts.jsonl"), **meta}
     write_results(result, study)
-    log(f"wrote {study.out_dir} in {result['wall_s']:.0f}s (load average {result['load_average_at_end']})")
+    log(f"wrote {study.out_dir} in {meta['wall_s']:.0f}s (load average {meta['load_average_at_end']})")
     return result
+
+
+def run_key(r: dict) -> tuple:
+    return r["family"], r["task"], r["position"], r["seed"]
+
+
+def unique_runs(rows: list[dict]) -> list[dict]:
+    """The first row of each run: parallel parts may repeat one."""
+    seen: set = set()
+    return [r for r in rows if not (run_key(r) in seen or seen.add(run_key(r)))]
 
 
 def _pct(x) -> str:
@@ -225,49 +271,63 @@ def _pct(x) -> str:
 
 
 def summarize(runs: list[dict]) -> list[dict]:
+    """Mean ± std over seeds per (family, task, encoding); how many seeds reached the target and
+    the mean steps those took."""
     out = []
-    keys = []
-    for r in runs:
-        k = (r["family"], r["task"], r["position"])
-        if k not in keys:
-            keys.append(k)
-    for family, task, position in keys:
+    for family, task, position in dict.fromkeys((r["family"], r["task"], r["position"]) for r in runs):
         rs = [r for r in runs if (r["family"], r["task"], r["position"]) == (family, task, position)]
         row = {"family": family, "task": task, "position": position, "n_seeds": len(rs)}
         for split in ("in", "out"):
             for metric in ("exact", "token_acc"):
                 m, s, _ = mean_std([r[f"{split}_{metric}"] for r in rs])
                 row[f"{split}_{metric}_mean"], row[f"{split}_{metric}_std"] = m, s
+        reached = [r["steps_to_target"] for r in rs if r.get("steps_to_target")]
+        row["n_reached"] = len(reached)
+        row["steps_to_target_mean"] = float(np.mean(reached)) if reached else None
         out.append(row)
     return out
 
 
-def markdown(summary: list[dict]) -> str:
+def markdown(summary: list[dict], study: SyntheticConfig) -> str:
     def cell(row, split):
         m, s = row[f"{split}_exact_mean"], row[f"{split}_exact_std"]
         if m is None:
             return "n/a"
         return f"{100 * m:.1f}" + (f" ± {100 * s:.1f}" if row["n_seeds"] > 1 else "")
 
+    def steps(row):
+        mean = row["steps_to_target_mean"]
+        return f"{row['n_reached']}/{row['n_seeds']}" + (f" · {mean:,.0f}" if mean is not None else "")
+
+    target = f"{study.target_exact:.0%}"
     parts = []
     for family in dict.fromkeys(r["family"] for r in summary):
         name = {"gpt": "Decoder-only (GPT)", "t5": "Encoder-decoder (T5)"}[family]
         tasks = list(dict.fromkeys(r["task"] for r in summary if r["family"] == family))
-        header = ["encoding"] + [f"{t} {s}" for t in tasks for s in ("in (4–20)", "out (21–40)")]
+        header = ["encoding"] + [f"{t} {s}" for t in tasks for s in (
+            f"in ({study.train_min}–{study.train_max})", f"out ({study.test_min}–{study.test_max})",
+            f"seeds at {target} · steps")]
         rows = []
         for p in dict.fromkeys(r["position"] for r in summary if r["family"] == family):
             cells = [p]
             for t in tasks:
-                row = next(r for r in summary if (r["family"], r["task"], r["position"]) == (family, t, p))
-                cells += [cell(row, "in"), cell(row, "out")]
+                row = next((r for r in summary if (r["family"], r["task"], r["position"]) == (family, t, p)), None)
+                cells += ["–"] * 3 if row is None else [cell(row, "in"), cell(row, "out"), steps(row)]
             rows.append(cells)
-        parts.append(f"### {name}: exact-match accuracy (%)\n\n" + markdown_table(header, rows))
-    return "\n".join(parts)
+        parts.append(f"### {name}: exact-match accuracy (%), mean ± std over seeds\n\n"
+                     + markdown_table(header, rows))
+    note = (f"\nA run stops when its in-distribution exact match on {study.check_examples} held-out examples "
+            f"reaches {target} (checked every {study.check_every} steps); 'seeds at {target} · steps' counts "
+            "the seeds that got there and their mean steps. Out-of-distribution cells of rows whose seeds "
+            "did not all get there read an under-trained model.\n") if study.check_every else ""
+    return "\n".join(parts) + note
 
 
 def write_results(result: dict, study: SyntheticConfig) -> Path:
     summary = summarize(result["runs"])
-    out = write_outputs(study.out_dir, result, summary, result["runs"], markdown(summary))
+    out = write_outputs(study.out_dir, result, summary,
+                        [{k: v for k, v in r.items() if k != "check_curve"} for r in result["runs"]],
+                        markdown(summary, study))
     plot(summary, out / "synthetic.png")
     return out
 
