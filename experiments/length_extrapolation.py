@@ -24,10 +24,11 @@ PRESETS = {
         "model": GPTConfig(d_model=384, num_heads=6, num_layers=6, d_ff=1536, dropout=0.1),
         "train": TrainConfig(learning_rate=1e-3, warmup_steps=200, steps=5000, batch_size=64,
                              weight_decay=0.1, progress=False),
-        "study": LengthStudyConfig(train_len=256, eval_tokens=32768,
-                                   out_dir="runs/length_extrapolation"),
+        "study": LengthStudyConfig(train_len=256, eval_tokens=32768, randomized="rope", random_max=8192,
+                                   rope_scalings="linear,ntk,yarn", out_dir="runs/length_extrapolation"),
     },
-    # Sized for 2 idle CPU cores: 6 encodings x 3 seeds, 400 steps of 32 x 64 characters each.
+    # Sized for 2 idle CPU cores: 9 encodings and rope with random positions x 3 seeds, 400 steps of
+    # 32 x 64 characters each; each rope model also scored with linear, NTK and YaRN scaling.
     "cpu": {
         # max_distance: the T5 bias's offsets beyond it share one bucket. With 64-character training
         # windows the buckets for offsets 64..128 are never trained (docs/results); stated here so a
@@ -35,7 +36,7 @@ PRESETS = {
         "model": GPTConfig(d_model=64, num_heads=4, num_layers=2, d_ff=256, max_distance=128),
         "train": TrainConfig(learning_rate=3e-3, warmup_steps=40, steps=400, batch_size=32,
                              weight_decay=0.01, progress=False),
-        "study": LengthStudyConfig(),
+        "study": LengthStudyConfig(randomized="rope", rope_scalings="linear,ntk,yarn"),
     },
 }
 

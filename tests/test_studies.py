@@ -16,10 +16,11 @@ from flax import nnx
 from txjax import GPT, Bert, GPTConfig, ops
 from txjax.config import BertConfig
 from txjax.data import IGNORE_INDEX
-from txjax.studies import length, synthetic
+from txjax.studies import length, synthetic, windows
 from txjax.studies.attention_maps import layer_attention
 from txjax.studies.common import fmt_mean_std, mean_std
 from txjax.studies.mask_rate import EVAL_RATE, MaskRateConfig, family_data, loss_tokens
+from txjax.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,36 +51,36 @@ def test_bits_per_char_hand_case_nonoverlapping_and_sliding():
     cfg = GPTConfig(vocab_size=2, max_len=4, d_model=8, num_heads=2, num_layers=1, d_ff=8, position="rope")
     good = -math.log2(0.75)
     # Non-overlapping windows of 4 over 8 targets: two windows, each 1 bit + 3 good ones.
-    got = length.bits_per_char(alternating_model, cfg, ids, window=4, n_tokens=8)
+    got = windows.bits_per_char(alternating_model, cfg, ids, window=4, n_tokens=8)
     assert got == pytest.approx((2 * (1 + 3 * good)) / 8)
     # Sliding, stride 2: the first window scores 4 targets (1 + 3 good), windows at 2 and 4
     # score only their last 2, which all have context: 1 + 7 good over 8.
-    got = length.bits_per_char(alternating_model, cfg, ids, window=4, n_tokens=8, stride=2)
+    got = windows.bits_per_char(alternating_model, cfg, ids, window=4, n_tokens=8, stride=2)
     assert got == pytest.approx((1 + 7 * good) / 8)
     # Batching (padding the last batch) does not change the answer.
-    got = length.bits_per_char(alternating_model, cfg, ids, window=4, n_tokens=8, stride=2, batch_tokens=4)
+    got = windows.bits_per_char(alternating_model, cfg, ids, window=4, n_tokens=8, stride=2, batch_tokens=4)
     assert got == pytest.approx((1 + 7 * good) / 8)
 
 
 @pytest.mark.parametrize("window,stride", [(8, 8), (8, 4), (8, 1), (16, 4), (32, 32)])
 def test_sliding_windows_score_every_target_once(window, stride):
     ids = np.arange(100, dtype=np.int32)
-    inputs, targets, scored = length.sliding_windows(ids, window, stride, 32)
+    inputs, targets, scored = windows.sliding_windows(ids, window, stride, 32)
     np.testing.assert_array_equal(targets, inputs + 1)  # next-character targets
     np.testing.assert_array_equal(np.sort(targets[scored]), np.arange(1, 33))
     # every scored target after the first window sees at least window - stride characters
     context = np.broadcast_to(np.arange(window), scored.shape)
     assert (context[1:][scored[1:]] >= window - stride).all()
-    inputs, targets, scored = length.nonoverlapping_windows(ids, window, 32)
+    inputs, targets, scored = windows.nonoverlapping_windows(ids, window, 32)
     np.testing.assert_array_equal(np.sort(targets[scored]), np.arange(1, 33))
 
 
 def test_windows_reject_lengths_that_do_not_tile():
     ids = np.arange(50, dtype=np.int32)
     with pytest.raises(ValueError):
-        length.nonoverlapping_windows(ids, 7, 32)
+        windows.nonoverlapping_windows(ids, 7, 32)
     with pytest.raises(ValueError):
-        length.sliding_windows(ids, 8, 5, 32)
+        windows.sliding_windows(ids, 8, 5, 32)
 
 
 def test_learned_positions_past_their_table_are_na_not_clamped():
@@ -93,17 +94,17 @@ def test_learned_positions_past_their_table_are_na_not_clamped():
         calls.append(x.shape)
         return model_fn(x)
 
-    assert length.bits_per_char(logits_fn, cfg, ids, window=16, n_tokens=32) is None
-    assert length.bits_per_char(logits_fn, cfg, ids, window=16, n_tokens=32, stride=4) is None
+    assert windows.bits_per_char(logits_fn, cfg, ids, window=16, n_tokens=32) is None
+    assert windows.bits_per_char(logits_fn, cfg, ids, window=16, n_tokens=32, stride=4) is None
     assert calls == []  # never run at all, so nothing could be clamped
     with pytest.raises(ValueError, match="max_len"):  # and the model itself refuses such input
         model(jnp.asarray(ids[None, :16]))
-    in_table = length.bits_per_char(logits_fn, cfg, ids, window=8, n_tokens=32, stride=4)
+    in_table = windows.bits_per_char(logits_fn, cfg, ids, window=8, n_tokens=32, stride=4)
     assert math.isfinite(in_table) and in_table > 0
     # the same window with sinusoidal positions is scored beyond max_len
     sin = cfg.replace(position="sinusoidal")
     sin_model = GPT(sin, rngs=nnx.Rngs(0))
-    got = length.bits_per_char(jit_logits(sin_model), sin, ids, window=16, n_tokens=32)
+    got = windows.bits_per_char(jit_logits(sin_model), sin, ids, window=16, n_tokens=32)
     assert math.isfinite(got)
 
 
@@ -123,6 +124,36 @@ def test_length_config_validation():
     with pytest.raises(ValueError):
         length.LengthStudyConfig(eval_tokens=100)  # shorter than 16 x 64
     assert length.LengthStudyConfig(eval_tokens=5000).scored_tokens == 4096
+    with pytest.raises(ValueError, match="randomized"):
+        length.LengthStudyConfig(positions="rope", randomized="bogus")
+    with pytest.raises(ValueError, match="rope_scalings"):
+        length.LengthStudyConfig(rope_scalings="linear,dynamic")
+    with pytest.raises(ValueError, match="random_max"):
+        length.LengthStudyConfig(positions="rope", randomized="rope", random_max=512)  # below 16 x 64
+    assert length.LengthStudyConfig(positions="rope,alibi", randomized="rope,t5").trained == (
+        "rope", "alibi", "rope+random")  # t5 is not trained in this part, so neither is t5+random
+
+
+@pytest.mark.slow
+def test_length_study_variants_random_positions_and_rope_scalings(tmp_path):
+    """rope+random is trained with random positions (drawn in evaluation too); rope/yarn scores the
+    rope model's own parameters with YaRN at factor = multiple, so at 1x (factor 1) it equals plain
+    rope to the last bit, and at 2x it differs from it."""
+    study = length.LengthStudyConfig(
+        corpus="default", positions="rope,alibi", randomized="rope", rope_scalings="yarn", seeds=1,
+        train_len=16, multiples="1,2", eval_tokens=64, random_max=64, out_dir=str(tmp_path))
+    model = GPTConfig(vocab_size=2, max_len=16, d_model=16, num_heads=2, num_layers=1, d_ff=32)
+    train = TrainConfig(steps=3, batch_size=4, warmup_steps=1, learning_rate=3e-3, progress=False)
+    result = length.run_study(model, train, study, log=lambda s: None)
+    bpc = {(r["position"], r["method"], r["multiple"]): r["bits_per_char"] for r in result["runs"]}
+    assert {p for p, _, _ in bpc} == {"rope", "alibi", "rope+random", "rope/yarn"}
+    for method in length.METHODS:
+        assert bpc[("rope/yarn", method, 1)] == bpc[("rope", method, 1)]
+        assert bpc[("rope/yarn", method, 2)] != bpc[("rope", method, 2)]
+    assert all(math.isfinite(bpc[("rope+random", m, k)]) for m in length.METHODS for k in (1, 2))
+    assert bpc[("rope+random", "sliding", 1)] != bpc[("rope", "sliding", 1)]
+    md = (tmp_path / "table.md").read_text()
+    assert md.index("| rope |") < md.index("| rope+random |") < md.index("| rope/yarn |") < md.index("| alibi |")
 
 
 def test_mean_std_and_na():
@@ -218,8 +249,6 @@ TINY_STUDY = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, eval_examples=
 
 
 def tiny_train(steps):
-    from txjax.train.config import TrainConfig
-
     return TrainConfig(steps=steps, batch_size=4, warmup_steps=1, learning_rate=1e-3, progress=False)
 
 

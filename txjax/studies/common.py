@@ -66,6 +66,16 @@ def write_csv(path: str | os.PathLike, rows: Sequence[dict]) -> Path:
     return path
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    """Append rows, one JSON object a line (one write per call, so parallel parts interleave by line)."""
+    with path.open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def write_outputs(out_dir: str | os.PathLike, result: dict, summary: Sequence[dict],
                   runs: Sequence[dict], table_md: str) -> Path:
     """results.json, table.csv, runs.csv and table.md in out_dir (the plot is the caller's)."""

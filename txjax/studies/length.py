@@ -12,26 +12,31 @@ held-out characters at evaluation lengths W = m * train_len, in bits per charact
 Both score exactly the targets held_out[1 .. n_tokens]. A learned position table holds
 `max_len = train_len` rows; at W > max_len the model refuses the input (it never clamps)
 and the result is None, shown as n/a.
+
+Beside the encodings themselves (rows named by encoding): `randomized` encodings are also
+trained with Ruoss et al.'s random positions, drawn in evaluation too ("rope+random"), and every
+trained rotary model (rope, xpos) is also scored, without retraining, with each of `rope_scalings`
+at a factor equal to the length multiple ("rope/yarn": 4x the length at factor 4).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import math
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import numpy as np
+from flax import nnx
 
 from txjax import GPT
-from txjax.config import POSITIONS, GPTConfig
+from txjax.config import POSITIONS, ROTARY_POSITIONS, GPTConfig
 from txjax.data import CharTokenizer, load_corpus
+from txjax.ops.positions import ROPE_SCALINGS
 from txjax.studies.common import (
+    append_jsonl,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -39,15 +44,17 @@ from txjax.studies.common import (
     mean_std,
     parse_list,
     pyplot,
+    read_jsonl,
     run_metadata,
     write_outputs,
 )
+from txjax.studies.windows import bits_per_char
 from txjax.train.config import TrainConfig
 from txjax.train.loop import fit
-from txjax.train.steps import Stepper, gpt_loss
+from txjax.train.steps import Stepper, fresh_rngs, gpt_loss
 
 METHODS = ("nonoverlapping", "sliding")
-LN2 = math.log(2.0)
+RANDOM_SUFFIX = "+random"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +72,9 @@ class LengthStudyConfig:
     eval_batch_tokens: int = 16384  # tokens per evaluation forward pass
     out_dir: str = "docs/results/length_extrapolation"  # where tables, plot and results.json go
     sinusoidal_scale: bool = True  # sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings); without it the unit-scale sinusoids swamp embeddings of std 0.02
+    randomized: str = ""  # comma list of encodings also trained with random positions (Ruoss et al. 2023), rows "<encoding>+random"; those not in positions are skipped
+    random_max: int = 2048  # random positions are drawn from [0, random_max), in training and evaluation alike
+    rope_scalings: str = ""  # comma list from ROPE_SCALINGS: each rope / xpos model is also scored with it at factor = the multiple, rows "<encoding>/<scaling>"
 
     def __post_init__(self):
         bad = [p for p in self.position_list if p not in POSITIONS]
@@ -82,10 +92,23 @@ class LengthStudyConfig:
             raise ValueError(f"eval_tokens={self.eval_tokens} is shorter than the longest window {max(self.lengths)}")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if any(p not in POSITIONS for p in parse_list(self.randomized)):
+            raise ValueError(f"randomized must be a comma list from {POSITIONS}, got {self.randomized!r}")
+        if any(r not in ROPE_SCALINGS for r in parse_list(self.rope_scalings)):
+            raise ValueError(f"rope_scalings must be a comma list from {ROPE_SCALINGS}, got {self.rope_scalings!r}")
+        if self.randomized and self.random_max < max(self.lengths):
+            raise ValueError(f"random_max={self.random_max} is below the longest window {max(self.lengths)}")
 
     @property
     def position_list(self) -> tuple[str, ...]:
         return parse_list(self.positions)
+
+    @property
+    def trained(self) -> tuple[str, ...]:
+        """The variants that are trained: each encoding, then the "+random" form of those of them
+        that `randomized` lists (so a study split by --positions randomizes each in its own part)."""
+        randomized = parse_list(self.randomized)
+        return self.position_list + tuple(p + RANDOM_SUFFIX for p in self.position_list if p in randomized)
 
     @property
     def multiple_list(self) -> tuple[int, ...]:
@@ -103,69 +126,6 @@ class LengthStudyConfig:
     def scored_tokens(self) -> int:
         w = max(self.lengths)
         return self.eval_tokens // w * w
-
-
-# --------------------------------------------------------------------------- windows
-
-
-def nonoverlapping_windows(ids: np.ndarray, window: int, n_tokens: int):
-    """(inputs_NW, targets_NW, scored_NW) cutting ids[0 .. n_tokens] into n_tokens / window windows."""
-    if n_tokens % window or n_tokens + 1 > len(ids):
-        raise ValueError(f"need n_tokens ({n_tokens}) divisible by window ({window}) and <= len(ids) - 1")
-    inputs = ids[:n_tokens].reshape(-1, window)
-    targets = ids[1: n_tokens + 1].reshape(-1, window)
-    return inputs, targets, np.ones(inputs.shape, bool)
-
-
-def sliding_windows(ids: np.ndarray, window: int, stride: int, n_tokens: int):
-    """(inputs_NW, targets_NW, scored_NW): windows every `stride`; the first scores all, the rest their last `stride`.
-
-    Every target ids[1 .. n_tokens] is scored exactly once.
-    """
-    if window > n_tokens or (n_tokens - window) % stride or n_tokens + 1 > len(ids) or not 1 <= stride <= window:
-        raise ValueError(f"window {window}, stride {stride} do not tile {n_tokens} tokens of {len(ids)}")
-    starts = np.arange(0, n_tokens - window + 1, stride)
-    offsets = np.arange(window)
-    inputs = ids[starts[:, None] + offsets[None, :]]
-    targets = ids[starts[:, None] + offsets[None, :] + 1]
-    scored = np.zeros(inputs.shape, bool)
-    scored[0] = True
-    scored[1:, window - stride:] = True
-    return inputs, targets, scored
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def scored_bits(logits_fn: Callable, inputs_NW: np.ndarray, targets_NW: np.ndarray, scored_NW: np.ndarray,
-                batch: int) -> float:
-    """Mean bits per scored target; batches are padded to `batch` rows so one compile serves all."""
-    total, count = 0.0, 0
-    for i in range(0, len(inputs_NW), batch):
-        x = inputs_NW[i: i + batch]
-        n = len(x)
-        if n < batch:
-            x = np.concatenate([x, np.repeat(x[-1:], batch - n, axis=0)])
-        logp_BWV = log_softmax(np.asarray(logits_fn(x.astype(np.int32))))[:n]
-        nll_BW = -np.take_along_axis(logp_BWV, targets_NW[i: i + n, :, None].astype(np.int64), axis=-1)[..., 0]
-        total += float(nll_BW[scored_NW[i: i + n]].sum())
-        count += int(scored_NW[i: i + n].sum())
-    return total / count / LN2
-
-
-def bits_per_char(logits_fn: Callable, config: GPTConfig, ids: np.ndarray, window: int, n_tokens: int,
-                  stride: int | None = None, batch_tokens: int = 16384) -> float | None:
-    """Held-out bits/char at `window` (sliding when `stride` is given); None where a learned table is too short."""
-    if config.position == "learned" and window > config.max_len:
-        return None
-    if stride is None:
-        arrays = nonoverlapping_windows(ids, window, n_tokens)
-    else:
-        arrays = sliding_windows(ids, window, stride, n_tokens)
-    return scored_bits(logits_fn, *arrays, batch=max(1, batch_tokens // window))
 
 
 # --------------------------------------------------------------------------- the study
@@ -196,10 +156,13 @@ def lm_batches(train_ids: np.ndarray, seq_len: int, batch_size: int, seed: int):
     return batch_fn
 
 
-def evaluate_model(logits_fn, config: GPTConfig, held_ids: np.ndarray, study: LengthStudyConfig) -> list[dict]:
-    """One row per (method, multiple): bits/char or None."""
+def evaluate_model(logits_fn, config: GPTConfig, held_ids: np.ndarray, study: LengthStudyConfig,
+                   multiples: tuple[int, ...] | None = None) -> list[dict]:
+    """One row per (method, multiple) (all of the study's, or `multiples`): bits/char or None."""
     rows = []
     for m, w in zip(study.multiple_list, study.lengths):
+        if multiples is not None and m not in multiples:
+            continue
         for method in METHODS:
             stride = study.sliding_stride if method == "sliding" else None
             bpc = bits_per_char(logits_fn, config, held_ids, w, study.scored_tokens, stride,
@@ -208,14 +171,10 @@ def evaluate_model(logits_fn, config: GPTConfig, held_ids: np.ndarray, study: Le
     return rows
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def append_jsonl(path: Path, rows: list[dict]) -> None:
-    """Append rows, one JSON object a line (one write per call, so parallel parts interleave by line)."""
-    with path.open("a") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
+def eval_logits(graphdef, rest):
+    """jit(params, tokens, key) -> logits of the model `graphdef` describes, its RNG streams (random
+    positions drawn in evaluation) rebuilt from `key`."""
+    return jax.jit(lambda params, x, key: nnx.merge(graphdef, params, fresh_rngs(rest, key))(x))
 
 
 def unique_runs(rows: list[dict]) -> list[dict]:
@@ -245,33 +204,51 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
     log(f"corpus {corpus}: {len(train_ids):,} train / {len(held_ids):,} held-out chars, vocab {tok.vocab_size}; "
         f"scoring {study.scored_tokens} chars at lengths {study.lengths}, sliding stride {study.sliding_stride}")
     done = {(r["position"], r["seed"]) for r in read_jsonl(out / "runs.jsonl")}
-    steppers: dict = {}  # one compile per encoding, reused by every seed
-    for seed in range(study.seeds):  # seed-major: every encoding gets seed 0 before any gets seed 1
-        for position in study.position_list:
-            if (position, seed) in done:
+    steppers: dict = {}  # one compile per variant, reused by every seed
+    scaled: dict = {}  # (variant, scaling, multiple) -> logits of the rope model with that scaling
+    for seed in range(study.seeds):  # seed-major: every variant gets seed 0 before any gets seed 1
+        for variant in study.trained:
+            if (variant, seed) in done:
                 continue
+            position = variant.removesuffix(RANDOM_SUFFIX)
+            randomized = variant != position
             cfg = model_cfg.replace(vocab_size=tok.vocab_size, max_len=study.train_len, position=position,
                                     scale_embeddings=model_cfg.scale_embeddings or (
-                                        position == "sinusoidal" and study.sinusoidal_scale))
-            if position not in steppers:
+                                        position == "sinusoidal" and study.sinusoidal_scale),
+                                    random_positions=study.random_max if randomized else None,
+                                    random_positions_eval=randomized)
+            if variant not in steppers:
                 stepper = Stepper(GPT(cfg), gpt_loss, train_cfg)
-                steppers[position] = (stepper, jax.jit(lambda params, x, stepper=stepper: stepper.model(params)(x)))
-            stepper, logits_jit = steppers[position]
+                steppers[variant] = (stepper, eval_logits(stepper.eval_graphdef, stepper.rest))
+            stepper, logits_jit = steppers[variant]
             t0 = time.time()
             batch_fn = lm_batches(train_ids, study.train_len, train_cfg.batch_size, seed)
             state, summary = fit(stepper, stepper.init_state(init_params(GPT, cfg, seed)),
                                  map(batch_fn, itertools.count()), key=jax.random.key(seed))
             t_train = time.time() - t0
-            rows = evaluate_model(lambda x: logits_jit(state.params, x), cfg, held_ids, study)
+            keys = itertools.count(10_000 * seed)  # a fresh draw of random positions per window batch
+
+            def logits_with(fn):
+                return lambda x: fn(state.params, x, jax.random.key(next(keys)))
+
+            rows = [{"position": variant, **r} for r in evaluate_model(logits_with(logits_jit), cfg, held_ids, study)]
+            for scaling in parse_list(study.rope_scalings) if position in ROTARY_POSITIONS and not randomized else ():
+                for m in study.multiple_list:
+                    if (variant, scaling, m) not in scaled:  # the same parameters under a stretched rotation
+                        cfg_m = cfg.replace(rope_scaling=scaling, rope_scaling_factor=float(m))
+                        scaled[(variant, scaling, m)] = eval_logits(Stepper(GPT(cfg_m), gpt_loss, train_cfg)
+                                                                    .eval_graphdef, stepper.rest)
+                    rows += [{"position": f"{position}/{scaling}", **r} for r in evaluate_model(
+                        logits_with(scaled[(variant, scaling, m)]), cfg, held_ids, study, multiples=(m,))]
             t_eval = time.time() - t0 - t_train
-            rows = [{"position": position, "seed": seed, **r} for r in rows]
-            rows.append({"position": position, "seed": seed, "method": "train_loss_nats", "multiple": None,
+            rows = [{"seed": seed, **r} for r in rows]
+            rows.append({"position": variant, "seed": seed, "method": "train_loss_nats", "multiple": None,
                          "length": study.train_len, "bits_per_char": summary["train_loss"],
                          "train_s": round(t_train, 1), "eval_s": round(t_eval, 1)})
             append_jsonl(out / "runs.jsonl", rows)
             shown = " ".join(f"{r['length']}:{'n/a' if r['bits_per_char'] is None else round(r['bits_per_char'], 3)}"
-                             for r in rows if r["method"] == "sliding")
-            log(f"{position:>10} seed {seed}: train loss {summary['train_loss']:.3f} nats, train {t_train:.0f}s, "
+                             for r in rows if r["method"] == "sliding" and r["position"] == variant)
+            log(f"{variant:>10} seed {seed}: train loss {summary['train_loss']:.3f} nats, train {t_train:.0f}s, "
                 f"eval {t_eval:.0f}s; sliding bits/char {shown}")
     meta = {"corpus": corpus, "vocab_size": tok.vocab_size, "train_chars": int(len(train_ids)),
             "heldout_chars": int(len(held_ids)), "scored_chars": study.scored_tokens,
@@ -336,7 +313,8 @@ def markdown(summary: list[dict], positions, multiples, train_len: int) -> str:
 
 def write_results(result: dict, study: LengthStudyConfig) -> Path:
     present = {r["position"] for r in result["runs"]}
-    positions = [p for p in POSITIONS if p in present]
+    positions = [v for p in POSITIONS for v in (p, p + RANDOM_SUFFIX, *(f"{p}/{s}" for s in ROPE_SCALINGS))
+                 if v in present]
     multiples = sorted({r["multiple"] for r in result["runs"] if r["multiple"] is not None})
     summary = summarize(result["runs"], positions, multiples)
     runs = [{k: r.get(k) for k in ("position", "seed", "method", "multiple", "length",

@@ -32,16 +32,17 @@ from txjax import Bert
 from txjax.config import BertConfig, positions_for
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
+    append_jsonl,
     git_revision,
     init_params,
     markdown_table,
     mean_std,
     parse_list,
     pyplot,
+    read_jsonl,
     run_metadata,
     write_outputs,
 )
-from txjax.studies.length import append_jsonl, read_jsonl
 from txjax.train.config import TrainConfig
 from txjax.train.loop import fit
 from txjax.train.steps import Stepper, bert_loss, fresh_rngs

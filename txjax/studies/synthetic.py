@@ -30,16 +30,17 @@ from txjax import GPT, T5
 from txjax.config import POSITIONS, GPTConfig, T5Config, positions_for
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
+    append_jsonl,
     git_revision,
     init_params,
     markdown_table,
     mean_std,
     parse_list,
     pyplot,
+    read_jsonl,
     run_metadata,
     write_outputs,
 )
-from txjax.studies.length import append_jsonl, read_jsonl
 from txjax.train.config import TrainConfig
 from txjax.train.loop import fit
 from txjax.train.steps import Stepper, gpt_loss, t5_loss
