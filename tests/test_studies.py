@@ -298,17 +298,54 @@ def test_synthetic_table_counts_seeds_at_the_target():
 
 def test_mask_rate_heldout_task_is_fixed_at_15_percent():
     study = MaskRateConfig(corpus="default", seq_len=32, heldout_examples=64, families="bert,t5")
-    _, _, _, held_bert, make_bert = family_data("bert", study)
+    _, _, _, held_at, make_bert = family_data("bert", study)
+    held_bert = held_at(EVAL_RATE)
     scored = held_bert["targets"] != IGNORE_INDEX
     assert abs(scored[:, 1:-1].mean() - EVAL_RATE) < 0.03  # [CLS]/[SEP] are never chosen
     _, _, _, held_again, _ = family_data("bert", study)
-    np.testing.assert_array_equal(held_bert["inputs"], held_again["inputs"])  # same task every time
+    np.testing.assert_array_equal(held_bert["inputs"], held_again(EVAL_RATE)["inputs"])  # same task every time
+    held_half = held_at(0.5)  # the same rows, masked at a model's own rate
+    assert abs((held_half["targets"] != IGNORE_INDEX)[:, 1:-1].mean() - 0.5) < 0.05
+    def text(b):  # the rows before masking: the target where one is scored, else the input
+        return np.where(b["targets"] != IGNORE_INDEX, b["targets"], b["inputs"])
+
+    np.testing.assert_array_equal(text(held_half), text(held_bert))
     lo = loss_tokens(next(make_bert(0.05, 0, 16)))
     hi = loss_tokens(next(make_bert(0.5, 0, 16)))
     assert hi > 5 * lo  # training batches follow their own rate
-    _, _, _, held_t5, make_t5 = family_data("t5", study)
-    assert held_t5["enc_inputs"].shape[1] == 32
+    _, _, _, held_t5_at, make_t5 = family_data("t5", study)
+    held_t5 = held_t5_at(EVAL_RATE)
+    assert held_t5["enc_inputs"].shape[1] == 32 and held_t5_at(0.5)["enc_inputs"].shape[1] == 32
+    assert loss_tokens(held_t5_at(0.5)) > 2 * loss_tokens(held_t5)
     assert loss_tokens(next(make_t5(0.5, 0, 8))) > 2 * loss_tokens(next(make_t5(0.15, 0, 8)))
+
+
+def load_script(name):
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "experiments"))  # the scripts import experiments/_local_data.py
+    try:
+        spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), ROOT / "experiments" / name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+def test_mask_rate_cpu_preset_is_the_recipe_of_the_bert_and_t5_presets():
+    mask, bert, t5 = (load_script(n).PRESETS["cpu"] for n in ("mask_rate.py", "train_bert.py", "train_t5.py"))
+    study, train = mask["study"], mask["train"]
+    for family in (bert, t5):
+        model = family["model"]
+        assert study.size() == dict(d_model=model.d_model, num_heads=model.num_heads,
+                                    num_layers=model.num_layers, d_ff=model.d_ff)
+        assert study.seq_len == family["run"].seq_len
+        for field in ("learning_rate", "warmup_steps", "batch_size", "weight_decay"):
+            assert getattr(train, field) == getattr(family["train"], field), field
+    assert study.mean_span == t5["run"].mean_span and train.steps == t5["train"].steps
+    assert train.relative_bias_lr_multiplier == t5["train"].relative_bias_lr_multiplier
+    assert train.b2 == bert["train"].b2 and study.seeds == 3
 
 
 def test_mask_rate_config_validation():
@@ -414,8 +451,9 @@ def test_synthetic_script_end_to_end(tmp_path):
 def test_mask_rate_script_end_to_end(tmp_path):
     out = tmp_path / "mr"
     # seq_len 64 as in the cpu preset: at 16, T5's length helper cannot fit one span at p = 0.05
-    proc = run_script("mask_rate.py", *TINY, "--rates", "0.05,0.5", "--seq_len", "64", "--heldout_examples", "64",
-                      "--corpus", "default", "--out_dir", str(out))
+    args = [*TINY, "--rates", "0.05,0.5", "--seeds", "1", "--seq_len", "64", "--heldout_examples", "64",
+            "--corpus", "default", "--out_dir", str(out)]
+    proc = run_script("mask_rate.py", *args)
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "results.json").read_text())
     by = {(r["family"], r["rate"]): r for r in res["runs"]}
@@ -423,8 +461,11 @@ def test_mask_rate_script_end_to_end(tmp_path):
     for fam in ("bert", "t5"):  # the held-out task is the same size whatever the training rate
         assert by[(fam, 0.05)]["heldout_tokens"] == by[(fam, 0.5)]["heldout_tokens"]
         assert by[(fam, 0.5)]["predicted_tokens_per_step"] > by[(fam, 0.05)]["predicted_tokens_per_step"]
-        assert all(math.isfinite(by[(fam, r)]["heldout_loss"]) for r in (0.05, 0.5))
+        assert all(math.isfinite(by[(fam, r)][k]) for r in (0.05, 0.5) for k in ("heldout_loss", "own_rate_loss"))
     assert (out / "mask_rate.png").stat().st_size > 0 and "| bert | 0.05 |" in (out / "table.md").read_text()
+    proc = run_script("mask_rate.py", *args)  # resumes: nothing left to train
+    assert proc.returncode == 0 and " seed " not in proc.stdout
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 4
 
 
 @pytest.mark.slow

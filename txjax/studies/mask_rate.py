@@ -3,16 +3,16 @@
 Answers the course notes' open question "what happens if you increase or decrease
 p_mask". Every model of a family is scored on the same held-out examples, masked once
 at 15% (BERT: 80/10/10 [MASK]/random/keep; T5: noise density 0.15, mean span 3) with a
-fixed seed, whatever rate it was trained at. Also reported: the tokens that carry a loss
-per training step (BERT: masked positions; T5: target tokens, sentinels and EOS included),
-the signal each rate buys per step.
+fixed seed, whatever rate it was trained at, and again on the same held-out text masked at
+its own rate (the task it was trained for; Wettig et al. 2023 report both). Also reported: the
+tokens that carry a loss per training step (BERT: masked positions; T5: target tokens,
+sentinels and EOS included), the signal each rate buys per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import time
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from txjax import Bert, T5
 from txjax.config import BertConfig, T5Config
 from txjax.data import BatchIterator, IGNORE_INDEX, pack_tokens
 from txjax.studies.common import (
+    append_jsonl,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -30,6 +31,7 @@ from txjax.studies.common import (
     mean_std,
     parse_list,
     pyplot,
+    read_jsonl,
     run_metadata,
     write_outputs,
 )
@@ -50,7 +52,7 @@ class MaskRateConfig:
 
     rates: str = "0.05,0.15,0.3,0.5"  # training masking rates (BERT) / noise densities (T5)
     families: str = "bert,t5"  # comma list from bert, t5
-    seeds: int = 1  # seeds per (family, rate)
+    seeds: int = 3  # seeds per (family, rate)
     corpus: str | None = None  # a UTF-8 file or txjax.data corpus name; None: the packaged excerpt (the script passes ../shared/data/tinyshakespeare.txt when it is beside the repo)
     seq_len: int = 64  # BERT: tokens per row with [CLS] and [SEP]; T5: encoder length
     mean_span: float = 3.0  # T5: mean corrupted-span length
@@ -87,25 +89,32 @@ def loss_tokens(batch: dict) -> int:
 
 
 def family_data(family: str, study: MaskRateConfig):
-    """(model class, loss, config, held-out batches at 15%, make_batches(rate, seed)) for a family."""
+    """(model class, loss, config, held_at(rate), make_batches(rate, seed, batch_size)) for a family.
+
+    held_at(rate): the held-out rows masked at `rate` with a fixed seed; held_at(EVAL_RATE) is
+    the fixed task every model of the family is scored on."""
     eval_cfg = study.text_config(EVAL_RATE)
     if family == "bert":
         tok, train_ids, held_ids, _ = corpus_split(eval_cfg, "bert")
         cfg = BertConfig(vocab_size=tok.vocab_size, max_len=study.seq_len, pad_id=tok.pad_id, **study.size())
         train_rows = bert_rows(train_ids, tok, study.seq_len)
         held_rows = bert_rows(held_ids, tok, study.seq_len)[: study.heldout_examples]
-        held = mlm_transform(tok, EVAL_RATE)(held_rows, np.random.default_rng(1234))
+
+        def held_at(rate):
+            return mlm_transform(tok, rate)(held_rows, np.random.default_rng(1234))
 
         def make_batches(rate, seed, batch_size):
             return BatchIterator(train_rows, batch_size, seed=seed, transform=mlm_transform(tok, rate))
 
-        return Bert, bert_loss, cfg, held, make_batches
+        return Bert, bert_loss, cfg, held_at, make_batches
     tok, train_ids, held_ids, _ = corpus_split(eval_cfg, "t5", study.num_sentinels)
     cfg = T5Config(vocab_size=tok.vocab_size, max_len=study.seq_len, pad_id=tok.pad_id, eos_id=tok.eos_id,
                    decoder_start_id=tok.pad_id, **study.size())
-    raw_eval, _ = t5_lengths(eval_cfg)
-    held_rows = pack_tokens(held_ids, raw_eval)[: study.heldout_examples]
-    held = span_transform(tok, eval_cfg)(held_rows, np.random.default_rng(1234))
+
+    def held_at(rate):  # a rate's rows are as long as its corrupted inputs fill seq_len
+        run_cfg = study.text_config(rate)
+        rows = pack_tokens(held_ids, t5_lengths(run_cfg)[0])[: study.heldout_examples]
+        return span_transform(tok, run_cfg)(rows, np.random.default_rng(1234))
 
     def make_batches(rate, seed, batch_size):
         run_cfg = study.text_config(rate)
@@ -113,20 +122,33 @@ def family_data(family: str, study: MaskRateConfig):
         return BatchIterator(pack_tokens(train_ids, raw_len), batch_size, seed=seed,
                              transform=span_transform(tok, run_cfg))
 
-    return T5, t5_loss, cfg, held, make_batches
+    return T5, t5_loss, cfg, held_at, make_batches
+
+
+def batches_of(held: dict, size: int = 64) -> list[dict]:
+    n = len(held["targets"])
+    return [{k: v[i: i + size] for k, v in held.items()} for i in range(0, n - size + 1, size)] or [held]
 
 
 def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
-    """Train every (family, rate, seed) and score it on the fixed 15% task; write the results."""
+    """Train every (family, rate, seed) not yet in out_dir/runs.jsonl, seed-major; score each on the
+    fixed 15% task and at its own rate; then the tables. A stopped study resumes; a study can be
+    split across processes by --families or --rates."""
     started, revision = time.time(), git_revision()
-    runs = []
-    for family in parse_list(study.families):
-        model_cls, loss_fn, cfg, held, make_batches = family_data(family, study)
-        stepper = Stepper(model_cls(cfg), loss_fn, train_cfg)
-        n = len(held["targets"])
-        held_batches = [{k: v[i: i + 64] for k, v in held.items()} for i in range(0, n - 63, 64)] or [held]
-        for rate in parse_list(study.rates, float):
-            for seed in range(study.seeds):
+    out = Path(study.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    done = {(r["family"], r["rate"], r["seed"]) for r in read_jsonl(out / "runs.jsonl")}
+    families = {}
+    for seed in range(study.seeds):
+        for family in parse_list(study.families):
+            for rate in parse_list(study.rates, float):
+                if (family, rate, seed) in done:
+                    continue
+                if family not in families:  # one compile per family
+                    model_cls, loss_fn, cfg, held_at, make_batches = family_data(family, study)
+                    families[family] = (Stepper(model_cls(cfg), loss_fn, train_cfg), model_cls, cfg, held_at,
+                                        make_batches, batches_of(held_at(EVAL_RATE)))
+                stepper, model_cls, cfg, held_at, make_batches, held15 = families[family]
                 it = make_batches(rate, seed, train_cfg.batch_size)
                 counts = []
 
@@ -138,20 +160,31 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                 t0 = time.time()
                 state, summary = fit(stepper, stepper.init_state(init_params(model_cls, cfg, seed)),
                                      map(batch_fn, itertools.count()), key=jax.random.key(seed))
-                ev = stepper.evaluate(state.params, held_batches)
+                ev = stepper.evaluate(state.params, held15)
+                own = ev if rate == EVAL_RATE else stepper.evaluate(state.params, batches_of(held_at(rate)))
                 r = {"family": family, "rate": rate, "seed": seed, "heldout_loss": ev["loss"],
                      "heldout_accuracy": ev["accuracy"], "heldout_tokens": ev["tokens"],
+                     "own_rate_loss": own["loss"], "own_rate_accuracy": own["accuracy"],
                      "predicted_tokens_per_step": float(np.mean(counts)), "train_loss": summary["train_loss"],
                      "wall_s": round(time.time() - t0, 1)}
-                runs.append(r)
+                append_jsonl(out / "runs.jsonl", [r])
                 log(f"{family} p={rate:.2f} seed {seed}: held-out@15% loss {r['heldout_loss']:.3f} "
-                    f"acc {r['heldout_accuracy']:.3f}; {r['predicted_tokens_per_step']:.0f} predicted tokens/step "
+                    f"acc {r['heldout_accuracy']:.3f}; @own p loss {r['own_rate_loss']:.3f} acc "
+                    f"{r['own_rate_accuracy']:.3f}; {r['predicted_tokens_per_step']:.0f} predicted tokens/step "
                     f"({r['wall_s']:.0f}s)")
-    result = {"runs": runs, "eval_rate": EVAL_RATE,
-              **run_metadata({"train": train_cfg, "study": study}, started, revision)}
+    meta = run_metadata({"train": train_cfg, "study": study}, started, revision)
+    append_jsonl(out / "parts.jsonl", [meta])
+    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": read_jsonl(out / "parts.jsonl"),
+              "eval_rate": EVAL_RATE, **meta}
     write_results(result, study)
-    log(f"wrote {study.out_dir} in {result['wall_s']:.0f}s (load average {result['load_average_at_end']})")
+    log(f"wrote {study.out_dir} in {meta['wall_s']:.0f}s (load average {meta['load_average_at_end']})")
     return result
+
+
+def unique_runs(rows: list[dict]) -> list[dict]:
+    """The first row of each (family, rate, seed): parallel parts may repeat a run."""
+    seen: set = set()
+    return [r for r in rows if not ((k := (r["family"], r["rate"], r["seed"])) in seen or seen.add(k))]
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -160,7 +193,8 @@ def summarize(runs: list[dict]) -> list[dict]:
         for rate in dict.fromkeys(r["rate"] for r in runs if r["family"] == family):
             rs = [r for r in runs if r["family"] == family and r["rate"] == rate]
             row = {"family": family, "train_rate": rate, "n_seeds": len(rs)}
-            for k in ("heldout_loss", "heldout_accuracy", "predicted_tokens_per_step", "train_loss"):
+            for k in ("heldout_loss", "heldout_accuracy", "own_rate_loss", "own_rate_accuracy",
+                      "predicted_tokens_per_step", "train_loss"):
                 row[f"{k}_mean"], row[f"{k}_std"], _ = mean_std([r[k] for r in rs])
             out.append(row)
     return out
@@ -168,20 +202,23 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 def markdown(summary: list[dict]) -> str:
     header = ["family", "train p", "seeds", "held-out loss @15% (nats)", "held-out accuracy @15%",
-              "predicted tokens / step", "final train loss (at own p)"]
+              "held-out loss @own p", "held-out accuracy @own p", "predicted tokens / step",
+              "final train loss (at own p)"]
     one = lambda r, k: None if r["n_seeds"] == 1 else r[k]  # noqa: E731 - no "± 0" for a single seed
-    rows = [[r["family"], f"{r['train_rate']:.2f}", r["n_seeds"],
-             fmt_mean_std(r["heldout_loss_mean"], one(r, "heldout_loss_std")),
-             fmt_mean_std(r["heldout_accuracy_mean"], one(r, "heldout_accuracy_std")),
-             f"{r['predicted_tokens_per_step_mean']:.0f}", f"{r['train_loss_mean']:.3f}"] for r in summary]
-    return ("### Held-out loss and accuracy on one fixed 15% task (mean ± std over seeds; one seed: the value)\n\n"
-            + markdown_table(header, rows))
+    rows = [[r["family"], f"{r['train_rate']:.2f}", r["n_seeds"]]
+            + [fmt_mean_std(r[f"{k}_mean"], one(r, f"{k}_std")) if r[f"{k}_mean"] is not None else "–"
+               for k in ("heldout_loss", "heldout_accuracy", "own_rate_loss", "own_rate_accuracy")]
+            + [f"{r['predicted_tokens_per_step_mean']:.0f}", f"{r['train_loss_mean']:.3f}"] for r in summary]
+    return ("### Held-out loss and accuracy on one fixed 15% task and at each model's own rate "
+            "(mean ± std over seeds; one seed: the value)\n\n" + markdown_table(header, rows))
 
 
 def rebuild_tables(out_dir: str | Path) -> Path:
-    """Rewrite the tables and plot from out_dir/results.json (no training)."""
-    result = json.loads((Path(out_dir) / "results.json").read_text())
-    return write_results(result, MaskRateConfig(out_dir=str(out_dir)))
+    """Rewrite results.json, the tables and the plot from out_dir/runs.jsonl (no training)."""
+    out = Path(out_dir)
+    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": read_jsonl(out / "parts.jsonl"),
+              "eval_rate": EVAL_RATE, "rebuilt_from_runs_jsonl": True}
+    return write_results(result, MaskRateConfig(out_dir=str(out)))
 
 
 def write_results(result: dict, study: MaskRateConfig) -> Path:
