@@ -154,3 +154,29 @@ def test_the_script_parses_its_presets_and_flags():
     assert cfg["train"].steps == 5 and cfg["train"].learning_rate == 1e-3 and cfg["train"].min_lr_ratio == 1.0
     _, default = parse_configs(script.make_parser, script.PRESETS, ["--preset", "default"], "cpu")
     assert (default["train"].batch_size, default["train"].steps, default["study"].test_max) == (128, 10_000, 500)
+
+
+def test_the_scripts_optimizer_is_the_papers_clipped_adam():
+    """Ruoss et al.'s training.py: optax.chain(clip_by_global_norm(1), optax.adam(1e-3)), defaults
+    otherwise (b2 0.999, not the 0.95 of TrainConfig); three updates agree to float rounding."""
+    import importlib.util
+    from pathlib import Path
+
+    import optax
+
+    from txjax.train.optim import make_optimizer
+
+    path = Path(__file__).resolve().parent.parent / "experiments" / "randomized_positions.py"
+    spec = importlib.util.spec_from_file_location("randomized_positions", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    params = {"w": jnp.ones((3, 4)), "b": jnp.zeros(4)}
+    ours = make_optimizer(script.PRESETS["cpu"]["train"], params)
+    theirs = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+    s_ours, s_theirs = ours.init(params), theirs.init(params)
+    for i in range(3):
+        grads = jax.tree.map(lambda p: (i + 1) * jax.random.normal(jax.random.key(i), p.shape), params)
+        u_ours, s_ours = ours.update(grads, s_ours, params)
+        u_theirs, s_theirs = theirs.update(grads, s_theirs, params)
+        for a, b in zip(jax.tree.leaves(u_ours), jax.tree.leaves(u_theirs)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
