@@ -30,7 +30,9 @@ PRESETS = {
                                   out_dir="runs/randomized_positions"),
     },
     # 2 idle CPU cores: the same model on a quarter of the batch and a fifth of the steps, tested to
-    # 100, on the three tasks with the shortest rows and two encodings (~2 h on two pinned processes).
+    # 100, on the three tasks with the shortest rows and two encodings. Measured 2026-12-04 on an
+    # idle 2-core AVX2 machine, one process pinned to each core: 16 min per reverse_string run,
+    # 7-8 min per parity/modular run, so ~3.1 h for the 36 runs (rope alone: ~1.6 h).
     "cpu": {
         "train": TrainConfig(steps=2_000, batch_size=32, **PAPER_OPTIMIZER),
         "study": RandomizedConfig(tasks="reverse_string,parity_check,modular_arithmetic",
