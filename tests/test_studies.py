@@ -16,7 +16,7 @@ from flax import nnx
 from txjax import GPT, Bert, GPTConfig, ops
 from txjax.config import BertConfig
 from txjax.data import IGNORE_INDEX
-from txjax.studies import length, synthetic, windows
+from txjax.studies import common, length, synthetic, windows
 from txjax.studies.attention_maps import layer_attention
 from txjax.studies.common import fmt_mean_std, mean_std
 from txjax.studies.mask_rate import EVAL_RATE, MaskRateConfig, family_data, loss_tokens
@@ -482,7 +482,7 @@ def test_unique_runs_keeps_the_first_of_repeated_runs():
     rows = [{"position": "rope", "seed": 0, "method": "sliding", "multiple": 1, "bits_per_char": 2.0},
             {"position": "rope", "seed": 0, "method": "sliding", "multiple": 1, "bits_per_char": 9.0},
             {"position": "rope", "seed": 1, "method": "sliding", "multiple": 1, "bits_per_char": 3.0}]
-    assert [r["bits_per_char"] for r in length.unique_runs(rows)] == [2.0, 3.0]
+    assert [r["bits_per_char"] for r in common.unique_runs(rows, length.RUN_KEY)] == [2.0, 3.0]
 
 
 def test_rebuild_tables_from_runs_jsonl(tmp_path):

@@ -70,6 +70,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def unique_runs(rows: list[dict], key: Sequence[str]) -> list[dict]:
+    """The first row of each distinct `key` (field names): parallel parts of a study may repeat a run."""
+    seen: set = set()
+    return [r for r in rows if not ((k := tuple(r[f] for f in key)) in seen or seen.add(k))]
+
+
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     """Append rows, one JSON object a line (one write per call, so parallel parts interleave by line)."""
     with path.open("a") as f:

@@ -46,6 +46,7 @@ from txjax.studies.common import (
     pyplot,
     read_jsonl,
     run_metadata,
+    unique_runs,
     write_outputs,
 )
 from txjax.studies.windows import bits_per_char
@@ -177,15 +178,7 @@ def eval_logits(graphdef, rest):
     return jax.jit(lambda params, x, key: nnx.merge(graphdef, params, fresh_rngs(rest, key))(x))
 
 
-def unique_runs(rows: list[dict]) -> list[dict]:
-    """The first row of each (encoding, seed, method, multiple): parallel parts may repeat a run."""
-    seen, out = set(), []
-    for r in rows:
-        key = (r["position"], r["seed"], r["method"], r["multiple"])
-        if key not in seen:
-            seen.add(key)
-            out.append(r)
-    return out
+RUN_KEY = ("position", "seed", "method", "multiple")
 
 
 def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyConfig, log=print) -> dict:
@@ -255,7 +248,7 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
             "sliding_stride": study.sliding_stride,
             **run_metadata({"model": model_cfg, "train": train_cfg, "study": study}, started, revision)}
     append_jsonl(out / "parts.jsonl", [meta])
-    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": read_jsonl(out / "parts.jsonl"), **meta}
+    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl"), RUN_KEY), "parts": read_jsonl(out / "parts.jsonl"), **meta}
     write_results(result, study)
     log(f"wrote {study.out_dir} in {meta['wall_s']:.0f}s (load average {meta['load_average_at_end']})")
     return result
@@ -266,7 +259,7 @@ def rebuild_tables(out_dir: str | Path) -> dict:
     (for a study stopped part-way, or split across processes)."""
     out = Path(out_dir)
     parts = read_jsonl(out / "parts.jsonl")
-    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": parts,
+    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl"), RUN_KEY), "parts": parts,
               "rebuilt_from_runs_jsonl": True, "git_revision_of_rebuild": git_revision(),
               "load_average_at_rebuild": list(os.getloadavg())}
     if not result["runs"]:

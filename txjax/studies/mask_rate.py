@@ -33,6 +33,7 @@ from txjax.studies.common import (
     pyplot,
     read_jsonl,
     run_metadata,
+    unique_runs,
     write_outputs,
 )
 from txjax.train.config import TrainConfig
@@ -137,7 +138,7 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
     started, revision = time.time(), git_revision()
     out = Path(study.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    done = {(r["family"], r["rate"], r["seed"]) for r in read_jsonl(out / "runs.jsonl")}
+    done = {tuple(r[f] for f in RUN_KEY) for r in read_jsonl(out / "runs.jsonl")}
     families = {}
     for seed in range(study.seeds):
         for family in parse_list(study.families):
@@ -174,17 +175,14 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                     f"({r['wall_s']:.0f}s)")
     meta = run_metadata({"train": train_cfg, "study": study}, started, revision)
     append_jsonl(out / "parts.jsonl", [meta])
-    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": read_jsonl(out / "parts.jsonl"),
+    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl"), RUN_KEY), "parts": read_jsonl(out / "parts.jsonl"),
               "eval_rate": EVAL_RATE, **meta}
     write_results(result, study)
     log(f"wrote {study.out_dir} in {meta['wall_s']:.0f}s (load average {meta['load_average_at_end']})")
     return result
 
 
-def unique_runs(rows: list[dict]) -> list[dict]:
-    """The first row of each (family, rate, seed): parallel parts may repeat a run."""
-    seen: set = set()
-    return [r for r in rows if not ((k := (r["family"], r["rate"], r["seed"])) in seen or seen.add(k))]
+RUN_KEY = ("family", "rate", "seed")
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -216,7 +214,7 @@ def markdown(summary: list[dict]) -> str:
 def rebuild_tables(out_dir: str | Path) -> Path:
     """Rewrite results.json, the tables and the plot from out_dir/runs.jsonl (no training)."""
     out = Path(out_dir)
-    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": read_jsonl(out / "parts.jsonl"),
+    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl"), RUN_KEY), "parts": read_jsonl(out / "parts.jsonl"),
               "eval_rate": EVAL_RATE, "rebuilt_from_runs_jsonl": True}
     return write_results(result, MaskRateConfig(out_dir=str(out)))
 

@@ -41,6 +41,7 @@ from txjax.studies.common import (
     pyplot,
     read_jsonl,
     run_metadata,
+    unique_runs,
     write_outputs,
 )
 from txjax.train.config import TrainConfig
@@ -218,6 +219,9 @@ def run_one(task: str, variant: str, seed: int, study: RandomizedConfig, train_c
             "train_s": round(t_train, 1), "eval_s": round(time.time() - t0 - t_train, 1)}
 
 
+RUN_KEY = ("task", "variant", "seed")
+
+
 def run_study(train_cfg: TrainConfig, study: RandomizedConfig, log=print) -> dict:
     """Every (task, variant, seed) not yet in out_dir/runs.jsonl, seed-major; then the tables.
 
@@ -226,7 +230,7 @@ def run_study(train_cfg: TrainConfig, study: RandomizedConfig, log=print) -> dic
     started, revision = time.time(), git_revision()
     out = Path(study.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    done = {(r["task"], r["variant"], r["seed"]) for r in read_jsonl(out / "runs.jsonl")}
+    done = {tuple(r[f] for f in RUN_KEY) for r in read_jsonl(out / "runs.jsonl")}
     cache: dict = {}
     for seed in range(study.seeds):
         for task in parse_list(study.tasks):
@@ -240,7 +244,8 @@ def run_study(train_cfg: TrainConfig, study: RandomizedConfig, log=print) -> dic
                     f"out {_pct(r['out_accuracy'])}")
     meta = run_metadata({"train": train_cfg, "study": study}, started, revision)
     append_jsonl(out / "parts.jsonl", [meta])
-    result = {"runs": read_jsonl(out / "runs.jsonl"), "parts": read_jsonl(out / "parts.jsonl"), **meta}
+    runs = unique_runs(read_jsonl(out / "runs.jsonl"), RUN_KEY)
+    result = {"runs": runs, "parts": read_jsonl(out / "parts.jsonl"), **meta}
     write_results(result, study)
     log(f"wrote {study.out_dir} in {meta['wall_s']:.0f}s (load average {meta['load_average_at_end']})")
     return result

@@ -39,6 +39,7 @@ from txjax.studies.common import (
     pyplot,
     read_jsonl,
     run_metadata,
+    unique_runs,
     write_outputs,
 )
 from txjax.train.config import TrainConfig
@@ -251,20 +252,17 @@ def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict
                         f"exact in {_pct(r['in_exact'])} out {_pct(r['out_exact'])}")
     meta = run_metadata({"train": train_cfg, "study": study}, started, revision)
     append_jsonl(out / "parts.jsonl", [meta])
-    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl")), "parts": read_jsonl(out / "parts.jsonl"), **meta}
+    result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl"), RUN_KEY), "parts": read_jsonl(out / "parts.jsonl"), **meta}
     write_results(result, study)
     log(f"wrote {study.out_dir} in {meta['wall_s']:.0f}s (load average {meta['load_average_at_end']})")
     return result
 
 
+RUN_KEY = ("family", "task", "position", "seed")
+
+
 def run_key(r: dict) -> tuple:
-    return r["family"], r["task"], r["position"], r["seed"]
-
-
-def unique_runs(rows: list[dict]) -> list[dict]:
-    """The first row of each run: parallel parts may repeat one."""
-    seen: set = set()
-    return [r for r in rows if not (run_key(r) in seen or seen.add(run_key(r)))]
+    return tuple(r[f] for f in RUN_KEY)
 
 
 def _pct(x) -> str:
