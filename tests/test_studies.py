@@ -279,8 +279,17 @@ def test_an_unreached_target_trains_the_whole_budget_and_says_so(family):
     unchecked = synthetic.run_one(family, "reverse", "rope", 0, dataclasses.replace(study, check_every=0),
                                   tiny_train(5), {})
     assert (unchecked["steps"], unchecked["check_curve"], unchecked["steps_to_target"]) == (5, [], None)
+    for split, (lo, hi) in (("in", (study.train_min, study.train_max)), ("out", (study.test_min, study.test_max))):
+        by_length = r[f"{split}_exact_by_length"]  # the per-length means weighted by counts give the total
+        assert all(lo <= k <= hi for k, _, _ in by_length) and sum(n for _, _, n in by_length) == study.eval_examples
+        assert sum(e * n for _, e, n in by_length) / study.eval_examples == pytest.approx(r[f"{split}_exact"])
     # checking does not change training: the same steps give the same model
     assert unchecked["in_token_acc"] == pytest.approx(r["in_token_acc"], abs=1e-6)
+
+
+def test_exact_by_length_groups_examples_by_input_length():
+    exact = np.array([True, False, True, True, False])
+    assert synthetic.exact_by_length(exact, [3, 3, 5, 4, 5]) == [[3, 0.5, 2], [4, 1.0, 1], [5, 0.5, 2]]
 
 
 def test_synthetic_table_counts_seeds_at_the_target():

@@ -225,7 +225,14 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
             continue
         exact, tok = score(logits_fn, state.params, batch)
         out[f"{split}_exact"], out[f"{split}_token_acc"] = float(exact.mean()), float(tok.mean())
+        out[f"{split}_exact_by_length"] = exact_by_length(exact, [len(x) for x in xs])
     return out
+
+
+def exact_by_length(exact: np.ndarray, lengths: list[int]) -> list[list]:
+    """[[length, exact match, examples], ...] per input length, as Kazemnejad et al.'s Figure 3 plots it."""
+    lengths = np.asarray(lengths)
+    return [[int(k), float(exact[lengths == k].mean()), int((lengths == k).sum())] for k in np.unique(lengths)]
 
 
 def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict:
@@ -325,7 +332,8 @@ def markdown(summary: list[dict], study: SyntheticConfig) -> str:
 def write_results(result: dict, study: SyntheticConfig) -> Path:
     summary = summarize(result["runs"])
     out = write_outputs(study.out_dir, result, summary,
-                        [{k: v for k, v in r.items() if k != "check_curve"} for r in result["runs"]],
+                        [{k: v for k, v in r.items() if k != "check_curve" and not k.endswith("_by_length")}
+                         for r in result["runs"]],
                         markdown(summary, study))
     plot(summary, out / "synthetic.png")
     return out
