@@ -131,6 +131,9 @@ def batches_of(held: dict, size: int = 64) -> list[dict]:
     return [{k: v[i: i + size] for k, v in held.items()} for i in range(0, n - size + 1, size)] or [held]
 
 
+RUN_KEY = ("family", "rate", "seed")
+
+
 def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
     """Train every (family, rate, seed) not yet in out_dir/runs.jsonl, seed-major; score each on the
     fixed 15% task and at its own rate; then the tables. A stopped study resumes; a study can be
@@ -180,9 +183,6 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
     write_results(result, study)
     log(f"wrote {study.out_dir} in {meta['wall_s']:.0f}s (load average {meta['load_average_at_end']})")
     return result
-
-
-RUN_KEY = ("family", "rate", "seed")
 
 
 def summarize(runs: list[dict]) -> list[dict]:

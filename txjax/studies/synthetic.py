@@ -235,6 +235,13 @@ def exact_by_length(exact: np.ndarray, lengths: list[int]) -> list[list]:
     return [[int(k), float(exact[lengths == k].mean()), int((lengths == k).sum())] for k in np.unique(lengths)]
 
 
+RUN_KEY = ("family", "task", "position", "seed")
+
+
+def run_key(r: dict) -> tuple:
+    return tuple(r[f] for f in RUN_KEY)
+
+
 def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict:
     """Every (family, task, encoding, seed) not yet in out_dir/runs.jsonl, seed-major; then the tables.
 
@@ -263,13 +270,6 @@ def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict
     write_results(result, study)
     log(f"wrote {study.out_dir} in {meta['wall_s']:.0f}s (load average {meta['load_average_at_end']})")
     return result
-
-
-RUN_KEY = ("family", "task", "position", "seed")
-
-
-def run_key(r: dict) -> tuple:
-    return tuple(r[f] for f in RUN_KEY)
 
 
 def _pct(x) -> str:
