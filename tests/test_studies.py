@@ -16,7 +16,7 @@ from flax import nnx
 from txjax import GPT, Bert, GPTConfig, ops
 from txjax.config import BertConfig
 from txjax.data import IGNORE_INDEX
-from txjax.studies import common, length, synthetic, windows
+from txjax.studies import common, length, randomized, synthetic, windows
 from txjax.studies.attention_maps import layer_attention
 from txjax.studies.common import fmt_mean_std, mean_std
 from txjax.studies.mask_rate import EVAL_RATE, MaskRateConfig, family_data, loss_tokens
@@ -492,6 +492,14 @@ def test_unique_runs_keeps_the_first_of_repeated_runs():
             {"position": "rope", "seed": 0, "method": "sliding", "multiple": 1, "bits_per_char": 9.0},
             {"position": "rope", "seed": 1, "method": "sliding", "multiple": 1, "bits_per_char": 3.0}]
     assert [r["bits_per_char"] for r in common.unique_runs(rows, length.RUN_KEY)] == [2.0, 3.0]
+
+
+def test_done_runs_reads_the_keys_a_resumed_study_skips(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    assert common.done_runs(path, randomized.RUN_KEY) == set()  # a fresh study skips nothing
+    common.append_jsonl(path, [{"task": "parity_check", "variant": "rope", "seed": s, "in_accuracy": 0.5}
+                               for s in (0, 1, 1)])
+    assert common.done_runs(path, randomized.RUN_KEY) == {("parity_check", "rope", 0), ("parity_check", "rope", 1)}
 
 
 def test_rebuild_tables_from_runs_jsonl(tmp_path):

@@ -70,10 +70,20 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def run_key(row: dict, key: Sequence[str]) -> tuple:
+    """The values of a run's `key` fields: what identifies one run of a study."""
+    return tuple(row[f] for f in key)
+
+
+def done_runs(path: Path, key: Sequence[str]) -> set[tuple]:
+    """The keys of the runs already in a runs.jsonl: what a resumed study skips."""
+    return {run_key(r, key) for r in read_jsonl(path)}
+
+
 def unique_runs(rows: list[dict], key: Sequence[str]) -> list[dict]:
     """The first row of each distinct `key` (field names): parallel parts of a study may repeat a run."""
     seen: set = set()
-    return [r for r in rows if not ((k := tuple(r[f] for f in key)) in seen or seen.add(k))]
+    return [r for r in rows if not ((k := run_key(r, key)) in seen or seen.add(k))]
 
 
 def append_jsonl(path: Path, rows: list[dict]) -> None:

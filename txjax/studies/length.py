@@ -37,6 +37,7 @@ from txjax.data import CharTokenizer, load_corpus
 from txjax.ops.positions import ROPE_SCALINGS
 from txjax.studies.common import (
     append_jsonl,
+    done_runs,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -196,7 +197,7 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
         raise ValueError(f"held-out text has {len(held_ids)} chars; eval_tokens needs {study.scored_tokens + 1}")
     log(f"corpus {corpus}: {len(train_ids):,} train / {len(held_ids):,} held-out chars, vocab {tok.vocab_size}; "
         f"scoring {study.scored_tokens} chars at lengths {study.lengths}, sliding stride {study.sliding_stride}")
-    done = {(r["position"], r["seed"]) for r in read_jsonl(out / "runs.jsonl")}
+    done = done_runs(out / "runs.jsonl", ("position", "seed"))  # one run scores many rows
     steppers: dict = {}  # one compile per variant, reused by every seed
     scaled: dict = {}  # (variant, scaling, multiple) -> logits of the rope model with that scaling
     for seed in range(study.seeds):  # seed-major: every variant gets seed 0 before any gets seed 1

@@ -24,6 +24,7 @@ from txjax.config import BertConfig, T5Config
 from txjax.data import BatchIterator, IGNORE_INDEX, pack_tokens
 from txjax.studies.common import (
     append_jsonl,
+    done_runs,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -141,7 +142,7 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
     started, revision = time.time(), git_revision()
     out = Path(study.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    done = {tuple(r[f] for f in RUN_KEY) for r in read_jsonl(out / "runs.jsonl")}
+    done = done_runs(out / "runs.jsonl", RUN_KEY)
     families = {}
     for seed in range(study.seeds):
         for family in parse_list(study.families):

@@ -33,6 +33,7 @@ from txjax.config import BertConfig, positions_for
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
     append_jsonl,
+    done_runs,
     git_revision,
     init_params,
     markdown_table,
@@ -230,7 +231,7 @@ def run_study(train_cfg: TrainConfig, study: RandomizedConfig, log=print) -> dic
     started, revision = time.time(), git_revision()
     out = Path(study.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    done = {tuple(r[f] for f in RUN_KEY) for r in read_jsonl(out / "runs.jsonl")}
+    done = done_runs(out / "runs.jsonl", RUN_KEY)
     cache: dict = {}
     for seed in range(study.seeds):
         for task in parse_list(study.tasks):

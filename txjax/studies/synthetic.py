@@ -31,6 +31,7 @@ from txjax.config import POSITIONS, GPTConfig, T5Config, positions_for
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
     append_jsonl,
+    done_runs,
     git_revision,
     init_params,
     markdown_table,
@@ -238,10 +239,6 @@ def exact_by_length(exact: np.ndarray, lengths: list[int]) -> list[list]:
 RUN_KEY = ("family", "task", "position", "seed")
 
 
-def run_key(r: dict) -> tuple:
-    return tuple(r[f] for f in RUN_KEY)
-
-
 def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict:
     """Every (family, task, encoding, seed) not yet in out_dir/runs.jsonl, seed-major; then the tables.
 
@@ -250,7 +247,7 @@ def run_study(train_cfg: TrainConfig, study: SyntheticConfig, log=print) -> dict
     started, revision = time.time(), git_revision()
     out = Path(study.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    done = {run_key(r) for r in read_jsonl(out / "runs.jsonl")}
+    done = done_runs(out / "runs.jsonl", RUN_KEY)
     cache: dict = {}
     for seed in range(study.seeds):
         for family in parse_list(study.families):
