@@ -302,6 +302,20 @@ def test_synthetic_table_counts_seeds_at_the_target():
     assert "| none | 96.0 ± 0.0 | 10.0 ± 10.0 | 2/3 · 750 |" in md and "seeds at 95% · steps" in md
 
 
+@pytest.mark.parametrize("family", ["gpt", "t5"])
+def test_synthetic_bucket_options_reach_the_model(family):
+    """The bucket cause-test's setting: 96 causal buckets give every offset a copy needs up to
+    length 40 (n + 1 <= 41) a bucket of its own, where the default 32 share log buckets past 16."""
+    study = synthetic.SyntheticConfig(num_buckets=96, max_distance=128)
+    cfg = synthetic.model_config(family, "t5", study)
+    assert (cfg.num_buckets, cfg.max_distance) == (96, 128)
+    offsets = -jnp.arange(study.test_max + 2)  # key minus query, looking back
+    wide = ops.t5_relative_position_bucket(offsets, bidirectional=False, num_buckets=96, max_distance=128)
+    narrow = ops.t5_relative_position_bucket(offsets, bidirectional=False, num_buckets=32, max_distance=128)
+    assert len(set(np.asarray(wide).tolist())) == study.test_max + 2
+    assert len(set(np.asarray(narrow).tolist())) < study.test_max + 2
+
+
 # --------------------------------------------------------------------------- mask rate
 
 

@@ -76,6 +76,8 @@ class SyntheticConfig:
     d_ff: int = 256  # F
     out_dir: str = "docs/results/synthetic"  # where tables, plot and results.json go
     sinusoidal_scale: bool = True  # sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings)
+    num_buckets: int = 32  # T5 bias runs: relative-position buckets (the first half exact, then log-spaced)
+    max_distance: int = 128  # T5 bias runs: offsets from here on share the last bucket
 
     def __post_init__(self):
         for name, allowed in (("tasks", TASKS), ("families", FAMILIES), ("positions", POSITIONS)):
@@ -160,7 +162,8 @@ def model_config(family: str, position: str, study: SyntheticConfig):
     """The family's config at the study's size; a learned table holds the longest training sequence."""
     size = dict(vocab_size=study.vocab_size, d_model=study.d_model, num_heads=study.num_heads,
                 num_layers=study.num_layers, d_ff=study.d_ff, position=position,
-                scale_embeddings=position == "sinusoidal" and study.sinusoidal_scale)
+                scale_embeddings=position == "sinusoidal" and study.sinusoidal_scale,
+                num_buckets=study.num_buckets, max_distance=study.max_distance)
     if family == "gpt":
         return GPTConfig(max_len=2 * study.train_max + 2, **size)
     return T5Config(max_len=study.train_max + 1, pad_id=PAD, eos_id=EOS, decoder_start_id=PAD, **size)
