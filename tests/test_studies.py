@@ -214,10 +214,19 @@ def test_encoder_decoder_batch_layout():
 def test_exact_match_counts_only_scored_positions():
     targets = np.array([[IGNORE_INDEX, 1, 2], [0, 1, IGNORE_INDEX], [2, 2, 2]])
     pred = np.array([[0, 1, 2], [0, 0, 1], [2, 2, 1]])
-    logits = np.eye(3)[pred]
-    exact, tok = synthetic.exact_match(logits, targets)
+    exact, tok = synthetic.exact_match(pred, targets)
     np.testing.assert_array_equal(exact, [True, False, False])
     np.testing.assert_allclose(tok, [1.0, 0.5, 2 / 3])
+
+
+def test_match_by_distance_finds_where_a_decoder_reads_its_answer():
+    """A correct copy of n distinct symbols reads from distance n; a fixed-offset reader from its offset."""
+    batch = synthetic.decoder_only_batch("copy", [np.arange(4, 9, dtype=np.int32)], 5)
+    inputs, targets = batch["inputs"], batch["targets"]
+    correct = np.where(targets != IGNORE_INDEX, targets, 0)
+    assert synthetic.match_by_distance(correct, inputs, targets, 11) == [0.0] * 4 + [1.0] + [0.0] * 6
+    fixed = np.concatenate([np.zeros((1, 3), int), inputs[:, :-3]], axis=1)  # always the token 3 back
+    assert synthetic.match_by_distance(fixed, inputs, targets, 11)[2] == 1.0
 
 
 def prefix_hash_model(tokens_BT):
@@ -232,7 +241,7 @@ def test_teacher_forced_exact_match_equals_greedy_decoding():
     """The module's claim: all argmaxes right under teacher forcing <=> greedy decoding reproduces y EOS."""
     xs = synthetic.sample_inputs(np.random.default_rng(0), 200, 1, 3, 2)
     batch = synthetic.decoder_only_batch("copy", xs, 3)
-    exact, _ = synthetic.exact_match(prefix_hash_model(batch["inputs"]), batch["targets"])
+    exact, _ = synthetic.exact_match(np.argmax(prefix_hash_model(batch["inputs"]), -1), batch["targets"])
     width = batch["inputs"].shape[1]
     for i, x in enumerate(xs):  # greedy decoding, one full (right-padded, causal) forward per token
         seq = [synthetic.BOS, *x.tolist(), synthetic.SEP]
@@ -260,7 +269,7 @@ def test_a_run_stops_at_the_first_check_that_reaches_the_target(monkeypatch):
     def fake_score(logits_fn, params, batch, chunk=128):
         calls.append(len(batch["targets"]))
         n = len(batch["targets"])
-        return np.full(n, len(calls) >= 2), np.ones(n)
+        return np.full(n, len(calls) >= 2), np.ones(n), np.zeros(batch["targets"].shape, int)
 
     monkeypatch.setattr(synthetic, "score", fake_score)
     study = synthetic.SyntheticConfig(seeds=1, check_every=2, **TINY_STUDY)

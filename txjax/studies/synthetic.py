@@ -149,9 +149,9 @@ def encoder_decoder_batch(task: str, xs: list[np.ndarray], max_len: int) -> dict
 BATCHERS = {"gpt": decoder_only_batch, "t5": encoder_decoder_batch}
 
 
-def exact_match(logits_BTV: np.ndarray, targets_BT: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(per-example exact match, per-example token accuracy) over targets that are not -100."""
-    pred_BT = np.argmax(np.asarray(logits_BTV), axis=-1)
+def exact_match(pred_BT: np.ndarray, targets_BT: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(per-example exact match, per-example token accuracy) of argmax predictions over targets
+    that are not -100."""
     scored_BT = targets_BT != IGNORE_INDEX
     right_BT = (pred_BT == targets_BT) & scored_BT
     exact_B = np.all(right_BT | ~scored_BT, axis=-1)
@@ -176,11 +176,21 @@ def fits_table(config, batch: dict[str, np.ndarray]) -> bool:
     return max(v.shape[1] for v in batch.values()) <= config.max_len
 
 
-def score(logits_fn, params, batch: dict[str, np.ndarray], chunk: int = 128) -> tuple[np.ndarray, np.ndarray]:
-    """Per-example (exact match, token accuracy) of a batch, `chunk` rows per forward pass."""
-    parts = [exact_match(logits_fn(params, {k: v[i: i + chunk] for k, v in batch.items()}),
-                         batch["targets"][i: i + chunk]) for i in range(0, len(batch["targets"]), chunk)]
-    return np.concatenate([e for e, _ in parts]), np.concatenate([t for _, t in parts])
+def score(logits_fn, params, batch: dict[str, np.ndarray], chunk: int = 128) -> tuple[np.ndarray, ...]:
+    """Per-example (exact match, token accuracy) of a batch and its argmax predictions [B, T],
+    `chunk` rows per forward pass."""
+    pred_BT = np.concatenate([np.argmax(np.asarray(logits_fn(params, {k: v[i: i + chunk] for k, v in batch.items()})), -1)
+                              for i in range(0, len(batch["targets"]), chunk)])
+    return (*exact_match(pred_BT, batch["targets"]), pred_BT)
+
+
+def match_by_distance(pred_BT: np.ndarray, inputs_BT: np.ndarray, targets_BT: np.ndarray, max_distance: int) -> list[float]:
+    """Decoder-only: the share of predicted answer tokens (EOS aside) equal to the token d positions
+    before the query, for d = 1..max_distance. A correct copy of an n-symbol input reads d = n; a
+    model that copies from a fixed offset shows a peak there instead."""
+    scored_BT = (targets_BT != IGNORE_INDEX) & (targets_BT != EOS)
+    return [float(((pred_BT[:, d:] == inputs_BT[:, :-d]) & scored_BT[:, d:]).sum() / max(scored_BT[:, d:].sum(), 1))
+            for d in range(1, max_distance + 1)]
 
 
 def run_one(family: str, task: str, position: str, seed: int, study: SyntheticConfig,
@@ -227,9 +237,11 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
         if not fits_table(cfg, {k: v for k, v in batch.items() if k != "targets"}):
             out[f"{split}_exact"], out[f"{split}_token_acc"] = None, None
             continue
-        exact, tok = score(logits_fn, state.params, batch)
+        exact, tok, pred = score(logits_fn, state.params, batch)
         out[f"{split}_exact"], out[f"{split}_token_acc"] = float(exact.mean()), float(tok.mean())
         out[f"{split}_exact_by_length"] = exact_by_length(exact, [len(x) for x in xs])
+        if family == "gpt":
+            out[f"{split}_match_by_distance"] = match_by_distance(pred, batch["inputs"], batch["targets"], 2 * hi + 1)
     return out
 
 
@@ -332,7 +344,7 @@ def markdown(summary: list[dict], study: SyntheticConfig) -> str:
 def write_results(result: dict, study: SyntheticConfig) -> Path:
     summary = summarize(result["runs"])
     out = write_outputs(study.out_dir, result, summary,
-                        [{k: v for k, v in r.items() if k != "check_curve" and not k.endswith("_by_length")}
+                        [{k: v for k, v in r.items() if k != "check_curve" and "_by_" not in k}
                          for r in result["runs"]],
                         markdown(summary, study))
     plot(summary, out / "synthetic.png")
