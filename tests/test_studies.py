@@ -220,13 +220,16 @@ def test_exact_match_counts_only_scored_positions():
 
 
 def test_match_by_distance_finds_where_a_decoder_reads_its_answer():
-    """A correct copy of n distinct symbols reads from distance n; a fixed-offset reader from its offset."""
-    batch = synthetic.decoder_only_batch("copy", [np.arange(4, 9, dtype=np.int32)], 5)
+    """A correct copy of n distinct symbols reads from distance n; a fixed-offset reader from its
+    offset, whatever the length."""
+    xs = [np.arange(4, 9, dtype=np.int32), np.arange(4, 7, dtype=np.int32)]
+    batch = synthetic.decoder_only_batch("copy", xs, 5)
     inputs, targets = batch["inputs"], batch["targets"]
     correct = np.where(targets != IGNORE_INDEX, targets, 0)
-    assert synthetic.match_by_distance(correct, inputs, targets, 11) == [0.0] * 4 + [1.0] + [0.0] * 6
-    fixed = np.concatenate([np.zeros((1, 3), int), inputs[:, :-3]], axis=1)  # always the token 3 back
-    assert synthetic.match_by_distance(fixed, inputs, targets, 11)[2] == 1.0
+    assert synthetic.match_by_distance(correct, inputs, targets, [5, 3]) == [
+        [3, [0.0] * 2 + [1.0] + [0.0] * 4], [5, [0.0] * 4 + [1.0] + [0.0] * 6]]
+    fixed = np.concatenate([np.zeros((2, 2), int), inputs[:, :-2]], axis=1)  # always the token 2 back
+    assert all(shares[1] == 1.0 for _, shares in synthetic.match_by_distance(fixed, inputs, targets, [5, 3]))
 
 
 def prefix_hash_model(tokens_BT):

@@ -184,13 +184,20 @@ def score(logits_fn, params, batch: dict[str, np.ndarray], chunk: int = 128) -> 
     return (*exact_match(pred_BT, batch["targets"]), pred_BT)
 
 
-def match_by_distance(pred_BT: np.ndarray, inputs_BT: np.ndarray, targets_BT: np.ndarray, max_distance: int) -> list[float]:
-    """Decoder-only: the share of predicted answer tokens (EOS aside) equal to the token d positions
-    before the query, for d = 1..max_distance. A correct copy of an n-symbol input reads d = n; a
-    model that copies from a fixed offset shows a peak there instead."""
-    scored_BT = (targets_BT != IGNORE_INDEX) & (targets_BT != EOS)
-    return [float(((pred_BT[:, d:] == inputs_BT[:, :-d]) & scored_BT[:, d:]).sum() / max(scored_BT[:, d:].sum(), 1))
-            for d in range(1, max_distance + 1)]
+def match_by_distance(pred_BT: np.ndarray, inputs_BT: np.ndarray, targets_BT: np.ndarray,
+                      lengths: list[int]) -> list[list]:
+    """Decoder-only, per input length n: [n, [share at d = 1..2n+1]], the share of predicted answer
+    tokens (EOS aside) equal to the token d positions before the query. A correct copy reads
+    d = n; a model that copies from the offsets it was trained on peaks there instead."""
+    lengths = np.asarray(lengths)
+    out = []
+    for n in np.unique(lengths):
+        rows = lengths == n
+        pred, inputs, targets = pred_BT[rows], inputs_BT[rows], targets_BT[rows]
+        scored = (targets != IGNORE_INDEX) & (targets != EOS)
+        out.append([int(n), [float(((pred[:, d:] == inputs[:, :-d]) & scored[:, d:]).sum() / scored.sum())
+                             for d in range(1, 2 * int(n) + 2)]])
+    return out
 
 
 def run_one(family: str, task: str, position: str, seed: int, study: SyntheticConfig,
@@ -241,7 +248,8 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
         out[f"{split}_exact"], out[f"{split}_token_acc"] = float(exact.mean()), float(tok.mean())
         out[f"{split}_exact_by_length"] = exact_by_length(exact, [len(x) for x in xs])
         if family == "gpt":
-            out[f"{split}_match_by_distance"] = match_by_distance(pred, batch["inputs"], batch["targets"], 2 * hi + 1)
+            out[f"{split}_match_by_distance"] = match_by_distance(pred, batch["inputs"], batch["targets"],
+                                                                  [len(x) for x in xs])
     return out
 
 
