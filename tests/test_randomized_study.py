@@ -108,6 +108,16 @@ def test_plain_learned_tables_hold_the_training_rows_and_random_ones_all_positio
         RandomizedConfig(positions="xpos")  # causal only; this is an encoder
 
 
+@pytest.mark.parametrize("std", [0.02, 1.0])
+def test_learned_tables_start_at_the_configured_scale(std):
+    """Their code's learned table is hk.Embed with its default init (std 1), 50x our model default
+    of 0.02, against token rows of 0.02 * sqrt(D) = 0.16: the study's default follows their code."""
+    assert RandomizedConfig().learned_init_std == 1.0
+    cfg = model_config("learned+random", "parity_check", RandomizedConfig(learned_init_std=std))
+    table = np.asarray(Bert(cfg, rngs=nnx.Rngs(0)).encoder.positions.table[...])
+    assert table.shape == (2048, 64) and np.std(table) == pytest.approx(std, rel=0.05)
+
+
 def test_gain_is_randomized_minus_plain_where_both_exist():
     runs = [{"task": "t", "variant": v, "seed": 0, "in_accuracy": 1.0, "out_accuracy": a}
             for v, a in [("rope", 0.5), ("rope+random", 0.8), ("learned", None), ("learned+random", 0.6),

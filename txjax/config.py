@@ -97,6 +97,7 @@ class TransformerConfig:
     num_buckets: int = 32  # T5 relative-position buckets
     max_distance: int = 128  # T5: offsets beyond this share the last bucket (must exceed num_buckets // 2)
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) before positions are added, as Vaswani et al. do (with sinusoidal positions of unit scale)
+    position_init_std: float = 0.02  # learned: std of the table's normal init (Ruoss et al.'s code: hk.Embed's default, 1.0)
     random_positions: int | None = None  # Ruoss et al. 2023: while training, each sequence's positions are a sorted random subset of [0, random_positions) instead of 0..T-1; None: off
     random_positions_eval: bool = False  # draw random positions in evaluation too (the paper's code does); False: 0..T-1 there
     pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
@@ -170,6 +171,8 @@ class TransformerConfig:
             raise ValueError(f"fire_mlp_width must be a positive int, got {self.fire_mlp_width!r}")
         if not self.fire_threshold > 0:
             raise ValueError(f"fire_threshold must be positive, got {self.fire_threshold!r}")
+        if not self.position_init_std > 0:
+            raise ValueError(f"position_init_std must be positive, got {self.position_init_std!r}")
         if self.kerple_variant not in KERPLE_VARIANTS:
             raise ValueError(f"kerple_variant={self.kerple_variant!r} is not one of {KERPLE_VARIANTS}")
         if self.bidirectional_stack and self.position in CAUSAL_ONLY_POSITIONS:

@@ -148,7 +148,8 @@ class Positions(nnx.Module):
         self.num_heads = config.num_heads
         self.rotary = Rotary.of(config)
         self.table = (
-            nnx.Param(INIT(rngs.params(), (config.max_len, config.d_model)))
+            nnx.Param(nnx.initializers.normal(config.position_init_std)(
+                rngs.params(), (config.max_len, config.d_model)))
             if self.kind == "learned" else None
         )
         if self.kind == "t5":

@@ -74,6 +74,7 @@ class RandomizedConfig:
     num_layers: int = 5
     d_ff: int = 256
     dropout: float = 0.1
+    learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
     def __post_init__(self):
@@ -167,6 +168,7 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         vocab_size=VOCAB_SIZE, max_len=width(task, study.train_max) if plain_table else study.max_position,
         d_model=study.d_model, num_heads=study.num_heads, num_layers=study.num_layers, d_ff=study.d_ff,
         activation="relu", dropout=study.dropout, position=position, embedding_norm=False,
+        position_init_std=study.learned_init_std,
         scale_embeddings=True, type_vocab_size=1, pad_id=PAD,
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized)
 
