@@ -317,13 +317,14 @@ def plot(runs: list[dict], study: RandomizedConfig, path: Path) -> Path:
     plt = pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in runs))
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), sharey=True, squeeze=False)
+    colors = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(r["variant"].removesuffix(RANDOM_SUFFIX) for r in runs))}
     for ax, task in zip(axes[0], tasks):
-        for i, variant in enumerate(dict.fromkeys(r["variant"] for r in runs if r["task"] == task)):
+        for variant in dict.fromkeys(r["variant"] for r in runs if r["task"] == task):
             rs = [r for r in runs if (r["task"], r["variant"]) == (task, variant)]
             lengths = sorted(int(n) for n in rs[0]["accuracy_by_length"])
             acc = [np.mean([r["accuracy_by_length"][str(n)] if r["accuracy_by_length"][str(n)] is not None
                             else np.nan for r in rs]) for n in lengths]
-            ax.plot(lengths, 100 * np.asarray(acc), color=f"C{i // 2}",
+            ax.plot(lengths, 100 * np.asarray(acc), color=colors[variant.removesuffix(RANDOM_SUFFIX)],
                     ls="-" if variant.endswith(RANDOM_SUFFIX) or variant == "none" else "--",
                     label=variant, lw=1.2)
         ax.axvline(study.train_max + 0.5, color="gray", lw=0.8)
@@ -332,7 +333,7 @@ def plot(runs: list[dict], study: RandomizedConfig, path: Path) -> Path:
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("per-token accuracy (%)")
-    axes[0][-1].legend(fontsize=6)
+    max(axes[0], key=lambda ax: len(ax.get_lines())).legend(fontsize=6)  # the panel with every variant
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
