@@ -316,8 +316,9 @@ def test_synthetic_table_counts_seeds_at_the_target():
 
 @pytest.mark.parametrize("family", ["gpt", "t5"])
 def test_synthetic_bucket_options_reach_the_model(family):
-    """The bucket cause-test's setting: 96 causal buckets give every offset a copy needs up to
-    length 40 (n + 1 <= 41) a bucket of its own, where the default 32 share log buckets past 16."""
+    """The bucket cause-test's setting: 96 causal buckets give every distance a copy reads from up
+    to length 40 (d = n <= 40; checked to 41) a bucket of its own, where the default 32 share log
+    buckets past 16."""
     study = synthetic.SyntheticConfig(num_buckets=96, max_distance=128)
     cfg = synthetic.model_config(family, "t5", study)
     assert (cfg.num_buckets, cfg.max_distance) == (96, 128)
