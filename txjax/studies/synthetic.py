@@ -179,8 +179,8 @@ def fits_table(config, batch: dict[str, np.ndarray]) -> bool:
 def score(logits_fn, params, batch: dict[str, np.ndarray], chunk: int = 128) -> tuple[np.ndarray, ...]:
     """Per-example (exact match, token accuracy) of a batch and its argmax predictions [B, T],
     `chunk` rows per forward pass."""
-    pred_BT = np.concatenate([np.argmax(np.asarray(logits_fn(params, {k: v[i: i + chunk] for k, v in batch.items()})), -1)
-                              for i in range(0, len(batch["targets"]), chunk)])
+    chunks = ({k: v[i: i + chunk] for k, v in batch.items()} for i in range(0, len(batch["targets"]), chunk))
+    pred_BT = np.concatenate([np.argmax(np.asarray(logits_fn(params, b)), -1) for b in chunks])
     return (*exact_match(pred_BT, batch["targets"]), pred_BT)
 
 
@@ -246,10 +246,10 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
             continue
         exact, tok, pred = score(logits_fn, state.params, batch)
         out[f"{split}_exact"], out[f"{split}_token_acc"] = float(exact.mean()), float(tok.mean())
-        out[f"{split}_exact_by_length"] = exact_by_length(exact, [len(x) for x in xs])
+        lengths = [len(x) for x in xs]
+        out[f"{split}_exact_by_length"] = exact_by_length(exact, lengths)
         if family == "gpt":
-            out[f"{split}_match_by_distance"] = match_by_distance(pred, batch["inputs"], batch["targets"],
-                                                                  [len(x) for x in xs])
+            out[f"{split}_match_by_distance"] = match_by_distance(pred, batch["inputs"], batch["targets"], lengths)
     return out
 
 
