@@ -540,3 +540,19 @@ def test_rebuild_tables_from_runs_jsonl(tmp_path):
     assert md.index("| learned |") < md.index("| alibi |")  # canonical encoding order
     assert "| learned | 2 | 3.050 ± 0.071 | n/a |" in md
     assert (tmp_path / "length_extrapolation.png").stat().st_size > 0
+
+
+def test_run_parts_runs_each_part_once_and_records_failures(tmp_path):
+    from txjax.studies.schedule import pinned, run_parts
+
+    parts = [(f"p{i}", [sys.executable, "-c", f"print('part {i}'); raise SystemExit({int(i == 1)})"])
+             for i in range(3)]
+    record = run_parts(parts, workers=2, log_dir=tmp_path, pin=False, log=lambda *_: None)
+    rows = {r["name"]: r for r in record["parts"]}
+    assert sorted(rows) == ["p0", "p1", "p2"]
+    assert [rows[f"p{i}"]["returncode"] for i in range(3)] == [0, 1, 0]
+    for i in range(3):
+        assert (tmp_path / f"p{i}.log").read_text().strip() == f"part {i}"
+    assert record["wall_s"] >= max(r["started_s"] + r["wall_s"] for r in rows.values()) - 0.2
+    assert pinned(["x"], None) == ["x"]
+    assert pinned(["x"], 1)[-1] == "x"

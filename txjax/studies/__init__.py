@@ -1,9 +1,12 @@
 """Studies: experiments whose results are tables and plots, with the logic where tests reach it.
 
 - `length`: length extrapolation of a character-level GPT across position encodings,
-  bits per character with non-overlapping and sliding windows.
+  bits per character with non-overlapping and sliding windows (scored by `windows`).
 - `synthetic`: copy and reverse (Kazemnejad et al. 2023), decoder-only and encoder-decoder.
+- `randomized`: Ruoss et al.'s algorithmic tasks with and without randomized positions.
 - `mask_rate`: BERT MLM and T5 span corruption trained at several masking rates.
+- `memory`: training memory against sequence length, XLA's plan beside `txjax.cost`'s model.
 - `attention_maps`: every head's attention weights in one layer, as a PNG.
-- `common`: the small training loop, mean ± std, Markdown / CSV tables, run metadata.
+- `common`: fresh parameters, mean ± std, Markdown / CSV tables, resumable runs, run metadata.
+- `schedule`: a study's parts run one process per core, with their wall times.
 """

@@ -1,0 +1,69 @@
+"""Every study's cpu preset, split into parts shared by one process per core; records the wall time.
+
+    python experiments/run_studies.py                          # the four studies into runs/studies_cpu
+    python experiments/run_studies.py --out_root /tmp/s --workers 1 --studies length_extrapolation
+
+Each part is a study script with a subset of its preset (`--positions`, `--families`, ...);
+a study's parts append to one runs.jsonl, so its tables cover all of them once the last part
+ends. Writes <out_root>/run_studies.json (per-part and total wall time, load, revision) and
+one log per part in <out_root>/logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from txjax.studies.common import git_revision
+from txjax.studies.schedule import run_parts
+
+HERE = Path(__file__).resolve().parent
+
+# (study, extra arguments), roughly longest first by the core-minutes measured on 2026-12-04
+# (docs/results/README.md): parts start in this order, so the two workers end close together.
+PARTS = [
+    ("length_extrapolation", "--positions none,fire,kerple"),
+    ("length_extrapolation", "--positions rope"),  # with rope+random and the three scalings
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions rope"),
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions sinusoidal"),
+    ("randomized_positions", "--tasks reverse_string --positions rope"),
+    ("randomized_positions", "--tasks reverse_string --positions sinusoidal"),
+    ("length_extrapolation", "--positions learned,sinusoidal"),
+    ("length_extrapolation", "--positions t5,alibi"),
+    ("mask_rate", "--families t5"),
+    ("length_extrapolation", "--positions xpos"),
+    ("mask_rate", "--families bert"),
+    ("synthetic_tasks", "--families gpt"),
+    ("synthetic_tasks", "--families t5"),
+]
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out_root", default="runs/studies_cpu", help="one folder per study below it")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes at once")
+    parser.add_argument("--studies", default=",".join(dict.fromkeys(s for s, _ in PARTS)),
+                        help="comma list of the studies to run")
+    parser.add_argument("--no_pin", action="store_true", help="do not pin worker i to core i")
+    args = parser.parse_args(argv)
+    studies, root = args.studies.split(","), Path(args.out_root)
+    parts = [(f"{study}__{i}", [sys.executable, str(HERE / f"{study}.py"), "--preset", "cpu", *extra.split(),
+                                "--out_dir", str(root / study)])
+             for i, (study, extra) in enumerate(PARTS) if study in studies]
+    started, revision = time.time(), git_revision()
+    record = run_parts(parts, args.workers, root / "logs", pin=not args.no_pin)
+    record.update(git_revision_at_start=revision, git_revision=git_revision(), workers=args.workers,
+                  load_average_at_end=os.getloadavg(), cpu_count=os.cpu_count(),
+                  started_at=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)))
+    (root / "run_studies.json").write_text(json.dumps(record, indent=1))
+    print(f"{len(parts)} parts in {record['wall_s'] / 60:.1f} min on {args.workers} workers; "
+          f"failed: {[p['name'] for p in record['parts'] if p['returncode']] or 'none'}")
+    return record
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
