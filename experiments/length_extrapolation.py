@@ -1,6 +1,6 @@
 """Length extrapolation: a character-level GPT per position encoding, held-out bits/char at 1x..16x the training length.
 
-    python experiments/length_extrapolation.py --preset cpu      # ~30 min on an idle 2-core CPU
+    python experiments/length_extrapolation.py --preset cpu      # ~67 min on one core; ~35 min as parts on two (run_studies.py)
     python experiments/length_extrapolation.py --preset cpu --positions rope,alibi --seeds 1 --steps 50
     python experiments/length_extrapolation.py --help
 
@@ -28,8 +28,8 @@ PRESETS = {
                                    rope_scalings="linear,ntk,yarn", out_dir="runs/length_extrapolation"),
     },
     # Sized for 2 idle CPU cores: 9 encodings and rope with random positions x 3 seeds, 6,000 steps of
-    # 32 x 64 characters each (rope reaches 2.02 bits/char at 1x, within 0.2 of the same model trained
-    # to convergence: docs/results, "how far from converged"); each rope and xpos model also scored
+    # 32 x 64 characters each (rope reaches 2.006 bits/char at 1x, 0.11-0.14 from the same model trained
+    # to convergence: docs/results/README.md, "trained near convergence"); each rope and xpos model also scored
     # with linear, NTK and YaRN scaling.
     "cpu": {
         # max_distance: the T5 bias's offsets beyond it share one bucket. With 64-character training

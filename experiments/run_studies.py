@@ -23,22 +23,23 @@ from txjax.studies.schedule import run_parts
 
 HERE = Path(__file__).resolve().parent
 
-# (study, extra arguments), roughly longest first by the core-minutes measured on 2026-12-04
-# (docs/results/README.md): parts start in this order, so the two workers end close together.
+# (study, extra arguments), longest first by the core-seconds measured on 2026-12-04 (in brackets;
+# docs/results/README.md, "How they were run"): parts start in this order, so the workers end
+# close together. Their sum, ~275 core-minutes, is ~2.3 h on two cores.
 PARTS = [
-    ("length_extrapolation", "--positions none,fire,kerple"),
-    ("length_extrapolation", "--positions rope"),  # with rope+random and the three scalings
-    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions rope"),
-    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions sinusoidal"),
-    ("randomized_positions", "--tasks reverse_string --positions rope"),
-    ("randomized_positions", "--tasks reverse_string --positions sinusoidal"),
-    ("length_extrapolation", "--positions learned,sinusoidal"),
-    ("length_extrapolation", "--positions t5,alibi"),
-    ("mask_rate", "--families t5"),
-    ("length_extrapolation", "--positions xpos"),
-    ("mask_rate", "--families bert"),
-    ("synthetic_tasks", "--families gpt"),
-    ("synthetic_tasks", "--families t5"),
+    ("mask_rate", "--families t5"),  # 2,679
+    ("synthetic_tasks", "--families gpt"),  # 2,084
+    ("synthetic_tasks", "--families t5"),  # 2,027
+    ("mask_rate", "--families bert"),  # 1,747
+    ("length_extrapolation", "--positions none,fire,kerple"),  # 1,170
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions rope"),  # 1,037
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions sinusoidal"),  # 1,030
+    ("length_extrapolation", "--positions rope"),  # 1,006: with rope+random and the three scalings
+    ("randomized_positions", "--tasks reverse_string --positions rope"),  # 934
+    ("randomized_positions", "--tasks reverse_string --positions sinusoidal"),  # 923
+    ("length_extrapolation", "--positions t5,alibi"),  # 751
+    ("length_extrapolation", "--positions learned,sinusoidal"),  # 701
+    ("length_extrapolation", "--positions xpos"),  # 398
 ]
 
 

@@ -38,7 +38,12 @@ def run_parts(parts: Sequence[tuple[str, Sequence[str]]], workers: int, log_dir:
     for part in parts:
         todo.put(part)
     done: list[dict] = []
+    lock = threading.Lock()  # one worker's log line at a time
     start = time.time()
+
+    def say(message: str):
+        with lock:
+            log(message)
 
     def worker(i: int):
         core = i if pin else None
@@ -49,13 +54,13 @@ def run_parts(parts: Sequence[tuple[str, Sequence[str]]], workers: int, log_dir:
                 return
             path = log_dir / f"{name}.log"
             t0 = time.time()
-            log(f"[core {core}] start {name}")
+            say(f"[core {core}] start {name}")
             with open(path, "w") as f:
                 code = subprocess.call(pinned(argv, core), stdout=f, stderr=subprocess.STDOUT)
             row = {"name": name, "argv": list(argv), "core": core, "returncode": code,
                    "started_s": round(t0 - start, 1), "wall_s": round(time.time() - t0, 1), "log": str(path)}
             done.append(row)
-            log(f"[core {core}] {name}: exit {code} after {row['wall_s']:.0f}s")
+            say(f"[core {core}] {name}: exit {code} after {row['wall_s']:.0f}s")
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
     for t in threads:
