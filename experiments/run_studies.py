@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes at once")
     parser.add_argument("--studies", default=",".join(dict.fromkeys(s for s, _ in PARTS)),
                         help="comma list of the studies to run")
-    parser.add_argument("--no_pin", action="store_true", help="do not pin worker i to core i")
+    parser.add_argument("--no_pin", action="store_true", help="do not pin each worker to its own core")
     args = parser.parse_args(argv)
     studies, root = args.studies.split(","), Path(args.out_root)
     parts = [(f"{study}__{i}", [sys.executable, str(HERE / f"{study}.py"), "--preset", "cpu", *extra.split(),

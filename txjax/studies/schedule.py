@@ -8,6 +8,7 @@ time of each part and of the whole is returned for the results to record.
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
 import subprocess
@@ -26,7 +27,8 @@ def pinned(command: Sequence[str], core: int | None) -> list[str]:
 
 def run_parts(parts: Sequence[tuple[str, Sequence[str]]], workers: int, log_dir: str | Path,
               pin: bool = True, log=print) -> dict:
-    """Run named commands, `workers` at a time, worker i pinned to core i when `pin`.
+    """Run named commands, `workers` at a time, worker i pinned to the i-th core this process may
+    use when `pin` (and there are that many).
 
     parts: (name, argv) pairs, started in this order. Returns {"wall_s", "parts": [{name, argv,
     core, returncode, started_s, wall_s, log}]} with started_s relative to the start. A failed
@@ -45,8 +47,10 @@ def run_parts(parts: Sequence[tuple[str, Sequence[str]]], workers: int, log_dir:
         with lock:
             log(message)
 
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
     def worker(i: int):
-        core = i if pin else None
+        core = cores[i] if pin and i < len(cores) else None
         while True:
             try:
                 name, argv = todo.get_nowait()
