@@ -52,6 +52,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--no_pin", action="store_true", help="do not pin each worker to its own core")
     args = parser.parse_args(argv)
     studies, root = args.studies.split(","), Path(args.out_root)
+    unknown = set(studies) - {s for s, _ in PARTS}
+    if unknown:
+        parser.error(f"--studies: unknown {sorted(unknown)}; choose from {sorted({s for s, _ in PARTS})}")
     parts = [(f"{study}__{i}", [sys.executable, str(HERE / f"{study}.py"), "--preset", "cpu", *extra.split(),
                                 "--out_dir", str(root / study)])
              for i, (study, extra) in enumerate(PARTS) if study in studies]

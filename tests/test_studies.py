@@ -556,3 +556,29 @@ def test_run_parts_runs_each_part_once_and_records_failures(tmp_path):
     assert record["wall_s"] >= max(r["started_s"] + r["wall_s"] for r in rows.values()) - 0.2
     assert pinned(["x"], None) == ["x"]
     assert pinned(["x"], 1)[-1] == "x"
+
+
+def test_run_studies_parts_parse_and_cover_each_cpu_preset():
+    """Every part of experiments/run_studies.py is a valid command line of its study script, and
+    together a study's parts train its whole cpu preset, nothing twice."""
+    import itertools
+
+    from txjax.train.cli import parse_configs
+
+    def grid(study, cfg):
+        """The (what, ...) runs a study config trains, seeds aside."""
+        if study == "length_extrapolation":
+            return list(cfg.trained)
+        first, second = ("tasks", "positions") if study == "randomized_positions" else ("families", "tasks")
+        return list(itertools.product(common.parse_list(getattr(cfg, first)),
+                                      common.parse_list(getattr(cfg, second, "-"))))
+
+    runner = load_script("run_studies.py")
+    for study in dict.fromkeys(s for s, _ in runner.PARTS):
+        script = load_script(f"{study}.py")
+        union = []
+        for s, extra in runner.PARTS:
+            if s == study:
+                _, cfg = parse_configs(script.make_parser, script.PRESETS, ["--preset", "cpu", *extra.split()], "cpu")
+                union += grid(study, cfg["study"])
+        assert sorted(union) == sorted(grid(study, script.PRESETS["cpu"]["study"])), study
