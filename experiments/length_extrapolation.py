@@ -1,6 +1,6 @@
 """Length extrapolation: a character-level GPT per position encoding, held-out bits/char at 1x..16x the training length.
 
-    python experiments/length_extrapolation.py --preset cpu      # ~67 min on one core; ~35 min as parts on two (run_studies.py)
+    python experiments/length_extrapolation.py --preset cpu      # ~67 min on one core; ~35 on two as parts
     python experiments/length_extrapolation.py --preset cpu --positions rope,alibi --seeds 1 --steps 50
     python experiments/length_extrapolation.py --help
 

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from txjax.studies.common import git_revision
+from txjax.studies.common import git_revision, run_metadata
 from txjax.studies.schedule import run_parts
 
 HERE = Path(__file__).resolve().parent
@@ -41,27 +41,27 @@ PARTS = [
     ("length_extrapolation", "--positions learned,sinusoidal"),  # 701
     ("length_extrapolation", "--positions xpos"),  # 398
 ]
+STUDIES = tuple(dict.fromkeys(s for s, _ in PARTS))
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out_root", default="runs/studies_cpu", help="one folder per study below it")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes at once")
-    parser.add_argument("--studies", default=",".join(dict.fromkeys(s for s, _ in PARTS)),
+    parser.add_argument("--studies", default=",".join(STUDIES),
                         help="comma list of the studies to run")
     parser.add_argument("--no_pin", action="store_true", help="do not pin each worker to its own core")
     args = parser.parse_args(argv)
     studies, root = args.studies.split(","), Path(args.out_root)
-    unknown = set(studies) - {s for s, _ in PARTS}
+    unknown = set(studies) - set(STUDIES)
     if unknown:
-        parser.error(f"--studies: unknown {sorted(unknown)}; choose from {sorted({s for s, _ in PARTS})}")
+        parser.error(f"--studies: unknown {sorted(unknown)}; choose from {list(STUDIES)}")
     parts = [(f"{study}__{i}", [sys.executable, str(HERE / f"{study}.py"), "--preset", "cpu", *extra.split(),
                                 "--out_dir", str(root / study)])
              for i, (study, extra) in enumerate(PARTS) if study in studies]
     started, revision = time.time(), git_revision()
     record = run_parts(parts, args.workers, root / "logs", pin=not args.no_pin)
-    record.update(git_revision_at_start=revision, git_revision=git_revision(), workers=args.workers,
-                  load_average_at_end=os.getloadavg(), cpu_count=os.cpu_count(),
+    record.update(run_metadata({}, started, revision), workers=args.workers,
                   started_at=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)))
     (root / "run_studies.json").write_text(json.dumps(record, indent=1))
     print(f"{len(parts)} parts in {record['wall_s'] / 60:.1f} min on {args.workers} workers; "

@@ -574,7 +574,7 @@ def test_run_studies_parts_parse_and_cover_each_cpu_preset():
                                       common.parse_list(getattr(cfg, second, "-"))))
 
     runner = load_script("run_studies.py")
-    for study in dict.fromkeys(s for s, _ in runner.PARTS):
+    for study in runner.STUDIES:
         script = load_script(f"{study}.py")
         union = []
         for s, extra in runner.PARTS:

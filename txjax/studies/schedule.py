@@ -19,16 +19,14 @@ from pathlib import Path
 
 
 def pinned(command: Sequence[str], core: int | None) -> list[str]:
-    """`command` under `taskset -c core` when a core is given and taskset exists, else as it is."""
-    if core is None or shutil.which("taskset") is None:
-        return list(command)
-    return ["taskset", "-c", str(core), *command]
+    """`command` under `taskset -c core` when a core is given, else as it is."""
+    return list(command) if core is None else ["taskset", "-c", str(core), *command]
 
 
 def run_parts(parts: Sequence[tuple[str, Sequence[str]]], workers: int, log_dir: str | Path,
               pin: bool = True, log=print) -> dict:
     """Run named commands, `workers` at a time, worker i pinned to the i-th core this process may
-    use when `pin` (and there are that many).
+    use when `pin` (and there are that many, and taskset exists).
 
     parts: (name, argv) pairs, started in this order. Returns {"wall_s", "parts": [{name, argv,
     core, returncode, started_s, wall_s, log}]} with started_s relative to the start. A failed
@@ -47,10 +45,10 @@ def run_parts(parts: Sequence[tuple[str, Sequence[str]]], workers: int, log_dir:
         with lock:
             log(message)
 
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = sorted(os.sched_getaffinity(0)) if pin and shutil.which("taskset") else []  # [] pins nothing
 
     def worker(i: int):
-        core = cores[i] if pin and i < len(cores) else None
+        core = cores[i] if i < len(cores) else None
         while True:
             try:
                 name, argv = todo.get_nowait()
