@@ -31,16 +31,16 @@ PRESETS = {
         "execution": ExecutionConfig(),
     },
     # Sized for 2 CPU cores and at most 10 minutes, training plus scoring and sampling:
-    # 821k parameters, 3,000 steps of 16 images (48,000 images, 0.8 epoch) in mixed bfloat16
-    # (float32 parameters; 160 ms/step against 235 in float32 on AVX512-BF16 cores: 9 min 21 s
-    # in all): test NLL 61.09 nats/image (float32: 60.77), samples' confident share 0.77 of
-    # real digits' (BUILD.md, "CPU presets"). On a CPU without bfloat16 dot instructions
-    # (no avx512_bf16 / amx_bf16 in /proc/cpuinfo) bfloat16 is slower than float32, so the
-    # preset computes in float32 there (its first line says which).
+    # 821k parameters, 4,000 steps of 16 images (64,000 images, 1.07 epochs) in mixed bfloat16
+    # (float32 parameters) on a CPU with bfloat16 dot instructions (AMX machine, 2026-12-04:
+    # ~118 ms/step, ~9 min in all; test NLL 59.8 nats/image, samples' confident share 0.79 of
+    # real digits': BUILD.md, "CPU presets"). Elsewhere (no avx512_bf16 / amx_bf16 in
+    # /proc/cpuinfo) bfloat16 is slower than float32, so the preset computes in float32 there
+    # and takes longer (its first line says which).
     "cpu": {
         "model": GPTConfig(vocab_size=17, max_len=197, d_model=128, num_heads=4, num_layers=4,
                            d_ff=512, dtype=CPU_DTYPE),
-        "train": TrainConfig(learning_rate=2e-3, warmup_steps=100, steps=3000, batch_size=16,
+        "train": TrainConfig(learning_rate=2e-3, warmup_steps=100, steps=4000, batch_size=16,
                              weight_decay=0.01, checkpoint_every=500, eval_every=1000, eval_batches=4),
         "run": MnistRunConfig(name="gpt_mnist_cpu", eval_batch_size=250),
         "execution": ExecutionConfig(),
