@@ -156,6 +156,20 @@ def test_length_study_variants_random_positions_and_rope_scalings(tmp_path):
     assert md.index("| rope |") < md.index("| rope+random |") < md.index("| rope/yarn |") < md.index("| alibi |")
 
 
+def test_length_study_records_fire_threshold(tmp_path):
+    """A FIRE run's train row carries its trained threshold L = |m| * fire_threshold and |c|; the
+    threshold moved from its start (it is learned) and is read from the trained model."""
+    study = length.LengthStudyConfig(corpus="default", positions="fire,alibi", seeds=1, train_len=16,
+                                     multiples="1", eval_tokens=64, out_dir=str(tmp_path))
+    model = GPTConfig(vocab_size=2, max_len=16, d_model=16, num_heads=2, num_layers=1, d_ff=32, fire_threshold=8.0)
+    train = TrainConfig(steps=3, batch_size=4, warmup_steps=1, learning_rate=3e-2, progress=False)
+    rows = [r for r in length.run_study(model, train, study, log=lambda s: None)["runs"]
+            if r["method"] == "train_loss_nats"]
+    fire = next(r for r in rows if r["position"] == "fire")
+    assert 0 < fire["fire_threshold"] != 8.0 and fire["fire_c"] > 0
+    assert "fire_threshold" not in next(r for r in rows if r["position"] == "alibi")
+
+
 def test_mean_std_and_na():
     assert mean_std([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2.0)), 2)
     assert mean_std([None, None]) == (None, None, 0)

@@ -87,9 +87,14 @@ class FireBias(nnx.Module):
         self.threshold_multiplier = nnx.Param(jnp.asarray(1.0, jnp.float32))
         self.init_threshold = float(config.fire_threshold)
 
+    @property
+    def threshold(self) -> jax.Array:
+        """The learned threshold L = |m| * fire_threshold."""
+        return jnp.abs(self.threshold_multiplier[...]) * self.init_threshold
+
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
         """[1 or B, N, T, S]."""
-        threshold = jnp.abs(self.threshold_multiplier[...]) * self.init_threshold
+        threshold = self.threshold
         return ops.fire_bias(q_positions, k_positions, self.w1[...], self.b1[...], self.w2[...],
                              self.b2[...], self.c[...], threshold)
 

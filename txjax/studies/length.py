@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -182,6 +183,13 @@ def eval_logits(graphdef, rest):
 RUN_KEY = ("position", "seed", "method", "multiple")
 
 
+def fire_learned(model: GPT) -> dict:
+    """FIRE's trained threshold L and scale c: whether the interpolation's normaliser psi(max(L, i))
+    varies over the training window (L below it) or is a constant (L at or above it)."""
+    fire = model.decoder.positions.relative
+    return {"fire_threshold": round(float(fire.threshold), 3), "fire_c": round(float(jnp.abs(fire.c[...])), 4)}
+
+
 def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyConfig, log=print) -> dict:
     """Train and score every (encoding, seed); write results.json, the tables and the plot.
 
@@ -220,6 +228,7 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
             state, summary = fit(stepper, stepper.init_state(init_params(GPT, cfg, seed)),
                                  map(batch_fn, itertools.count()), key=jax.random.key(seed))
             t_train = time.time() - t0
+            learned = fire_learned(stepper.model(state.params)) if position == "fire" else {}
             keys = itertools.count(10_000 * seed)  # a fresh draw of random positions per window batch
 
             def logits_with(fn):
@@ -238,7 +247,7 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
             rows = [{"seed": seed, **r} for r in rows]
             rows.append({"position": variant, "seed": seed, "method": "train_loss_nats", "multiple": None,
                          "length": study.train_len, "bits_per_char": summary["train_loss"],
-                         "train_s": round(t_train, 1), "eval_s": round(t_eval, 1)})
+                         "train_s": round(t_train, 1), "eval_s": round(t_eval, 1), **learned})
             append_jsonl(out / "runs.jsonl", rows)
             shown = " ".join(f"{r['length']}:{'n/a' if r['bits_per_char'] is None else round(r['bits_per_char'], 3)}"
                              for r in rows if r["method"] == "sliding" and r["position"] == variant)
