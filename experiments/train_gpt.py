@@ -33,10 +33,10 @@ PRESETS = {
     # Sized for 2 CPU cores and at most 10 minutes, training plus scoring and sampling:
     # 821k parameters, 4,000 steps of 16 images (64,000 images, 1.07 epochs) in mixed bfloat16
     # (float32 parameters) on a CPU with bfloat16 dot instructions (AMX machine, 2026-12-04:
-    # 115 ms/step, 8 min 48 s in all; test NLL 59.86 nats/image, samples' confident share 0.76 of
-    # real digits' (0.79 in a one-core run): BUILD.md, "CPU presets"). Elsewhere (no avx512_bf16 / amx_bf16 in
-    # /proc/cpuinfo) bfloat16 is slower than float32, so the preset computes in float32 there
-    # and takes longer (its first line says which).
+    # 115 ms/step, 8 min 48 s in all; test NLL 59.86 nats/image, samples' confident share 0.76
+    # of real digits', 0.79 in a one-core run: BUILD.md, "CPU presets"). Elsewhere (no
+    # avx512_bf16 / amx_bf16 in /proc/cpuinfo) bfloat16 is slower than float32, so the preset
+    # computes in float32 there and takes longer (its first line says which).
     "cpu": {
         "model": GPTConfig(vocab_size=17, max_len=197, d_model=128, num_heads=4, num_layers=4,
                            d_ff=512, dtype=CPU_DTYPE),
