@@ -119,6 +119,19 @@ def test_fire_initialisation_follows_the_reference_code():
     assert np.abs(np.asarray(module.w2[...])).max() <= 32 ** -0.5
 
 
+def test_fire_threshold_can_be_fixed():
+    """fire_learn_threshold=False: L is fire_threshold, a constant, not a parameter that training moves."""
+    config = GPTConfig(**TINY, position="fire", fire_threshold=3.0, fire_learn_threshold=False)
+    module = FireBias(config, rngs=nnx.Rngs(0))
+    learned = FireBias(GPTConfig(**TINY, position="fire", fire_threshold=3.0), rngs=nnx.Rngs(0))
+    names = {str(path[-1]) for path, _ in nnx.to_flat_state(nnx.state(module, nnx.Param))}
+    assert "threshold_multiplier" not in names and float(module.threshold) == 3.0
+    positions = jnp.arange(7)
+    np.testing.assert_array_equal(module(positions, positions), learned(positions, positions))
+    grads = nnx.grad(lambda m: jnp.sum(m(positions, positions) ** 2))(module)
+    assert "threshold_multiplier" not in {str(p[-1]) for p, _ in nnx.to_flat_state(grads)}
+
+
 @JIT
 @pytest.mark.parametrize("position", ["fire", "kerple"])
 def test_encoder_bias_is_symmetric(position, jit):

@@ -104,6 +104,7 @@ class TransformerConfig:
     dtype: str = "float32"  # compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32
     fire_mlp_width: int = 32  # FIRE: hidden width of the MLP 1 -> W -> N heads
     fire_threshold: float = 512.0  # FIRE: initial threshold L of the normaliser psi(max(L, i)); learned as a multiple of this
+    fire_learn_threshold: bool = True  # FIRE: learn L (the paper's code); False: L stays fire_threshold
     kerple_variant: str = "log"  # KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2
     rope_scaling: str | None = None  # rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain
     rope_scaling_factor: float = 1.0  # s >= 1: how many times the context is stretched; 1 is plain rope

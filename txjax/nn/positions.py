@@ -74,7 +74,7 @@ class FireBias(nnx.Module):
 
     Initialised as the paper's reference code: PyTorch `nn.Linear` defaults
     (U(+-1/sqrt(fan_in)) for weights and biases), c = 0.1, and L = |m| * fire_threshold
-    with the multiplier m = 1 learned.
+    with the multiplier m = 1 learned (a constant m = 1 with `fire_learn_threshold=False`).
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
@@ -84,12 +84,15 @@ class FireBias(nnx.Module):
         self.w2 = nnx.Param(_uniform(rngs.params(), (w, n), -w ** -0.5, w ** -0.5))
         self.b2 = nnx.Param(_uniform(rngs.params(), (n,), -w ** -0.5, w ** -0.5))
         self.c = nnx.Param(jnp.asarray(0.1, jnp.float32))
-        self.threshold_multiplier = nnx.Param(jnp.asarray(1.0, jnp.float32))
+        self.threshold_multiplier = (nnx.Param(jnp.asarray(1.0, jnp.float32)) if config.fire_learn_threshold
+                                     else None)
         self.init_threshold = float(config.fire_threshold)
 
     @property
     def threshold(self) -> jax.Array:
-        """The learned threshold L = |m| * fire_threshold."""
+        """The threshold L = |m| * fire_threshold (fire_threshold itself when m is not learned)."""
+        if self.threshold_multiplier is None:
+            return jnp.asarray(self.init_threshold, jnp.float32)
         return jnp.abs(self.threshold_multiplier[...]) * self.init_threshold
 
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
