@@ -6,6 +6,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -13,11 +14,11 @@ from txjax import GPT, GPTConfig
 from txjax.config import ExecutionConfig
 from txjax.data import BatchIterator
 from txjax.ops import cross_entropy
-from txjax.train.checkpoint import Checkpointer, CheckpointMismatch
+from txjax.train.checkpoint import Checkpointer, CheckpointMismatch, check_compatible
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import NonFiniteLoss, RunDirError, fit, prepare_run_dir, read_metrics
-from txjax.train.optim import decay_mask, make_optimizer, make_schedule, relative_bias_mask
+from txjax.train.optim import averaged_params, decay_mask, make_optimizer, make_schedule, param_ema, relative_bias_mask
 from txjax.train.steps import Stepper, gpt_loss, token_sums
 
 TINY = GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32)
@@ -74,7 +75,8 @@ def test_schedule_warmup_then_cosine():
 
 @pytest.mark.parametrize("changes", [
     {"learning_rate": -1.0}, {"learning_rate": 0.0}, {"batch_size": 0}, {"steps": 0},
-    {"batch_size": 6, "grad_accum": 4}, {"b2": 1.5}, {"weight_decay": -0.1},
+    {"batch_size": 6, "grad_accum": 4}, {"b2": 1.5}, {"weight_decay": -0.1}, {"ema_decay": 1.0},
+    {"ema_decay": -0.5},
 ])
 def test_train_config_rejects_bad_values(changes):
     with pytest.raises(ValueError, match="TrainConfig"):
@@ -149,6 +151,52 @@ def test_train_step_reports_loss_of_current_params_and_learns():
     assert losses[0] == pytest.approx(expected, rel=1e-5)
     assert losses[-1] < 0.65 * losses[0]  # learns to memorise one batch
     assert int(state.step) == 30
+
+
+@pytest.mark.parametrize("decay", [0.5, 0.9])
+def test_param_ema_is_the_debiased_weighted_mean_of_the_parameters_after_each_step(decay):
+    """averaged = sum_i d^(n-i) (1-d) p_i / (1 - d^n), p_i the parameters after step i: the
+    weights of the steps sum to one, so parameters that never move average to themselves."""
+    opt = optax.chain(optax.sgd(1.0), param_ema(decay))
+    params = {"w": jnp.array([1.0, -2.0])}
+    state = opt.init(params)
+    after = []
+    for g in ([0.5, 1.0], [-1.0, 0.25], [2.0, 0.0], [0.0, -3.0]):
+        updates, state = opt.update({"w": jnp.array(g)}, state, params)
+        params = optax.apply_updates(params, updates)
+        after.append(np.asarray(params["w"]))
+    n = len(after)
+    weights = np.array([decay ** (n - i) * (1 - decay) for i in range(1, n + 1)]) / (1 - decay ** n)
+    np.testing.assert_allclose(averaged_params(state, decay)["w"], weights @ np.stack(after), rtol=1e-6)
+    still = optax.chain(optax.sgd(0.0), param_ema(decay))
+    s = still.init(params)
+    for _ in range(3):
+        s = still.update({"w": jnp.ones(2)}, s, params)[1]
+    np.testing.assert_allclose(averaged_params(s, decay)["w"], params["w"], rtol=1e-6)
+
+
+def test_ema_run_evaluates_and_samples_with_the_average(tmp_path):
+    """With ema_decay the optimizer's updates are unchanged, and evaluation, the final held-out
+    numbers and `load_run` (sampling) all see the average, not the last step's parameters."""
+    from txjax.tasks.sample import load_run
+    cfg = TrainConfig(batch_size=8, steps=6, warmup_steps=0, learning_rate=1e-2, progress=False,
+                      checkpoint_every=6, tensorboard=False)
+    seen = []
+    model = tiny_model()
+    batches = BatchIterator(random_rows(48), cfg.batch_size, seed=cfg.seed, transform=shift)
+    stepper, state, _ = train_run(model, gpt_loss, cfg.replace(ema_decay=0.8),
+                                  RunConfig(name="ema", runs_dir=str(tmp_path)), batches,
+                                  eval_fn=lambda st, p: seen.append(p) or {}, log=lambda *_: None)
+    _, plain, _ = _run(tmp_path, "plain", cfg, model=tiny_model())
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(plain.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)  # the average does not steer training
+    average = stepper.eval_params(state)
+    loaded = nnx.state(load_run(tmp_path / "ema")[0], nnx.Param)
+    for a, b, c, p in zip(jax.tree.leaves(average), jax.tree.leaves(seen[-1]), jax.tree.leaves(loaded),
+                          jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-6)
+    assert any(not np.allclose(a, p) for a, p in zip(jax.tree.leaves(average), jax.tree.leaves(state.params)))
 
 
 @pytest.mark.slow
@@ -264,6 +312,16 @@ def test_ctrl_c_checkpoints_and_the_resumed_run_continues_the_same_trajectory(tm
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     rows = [r for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in rows] == list(range(1, 9))  # no duplicated steps after resume
+
+
+def test_a_checkpoint_from_before_a_train_field_existed_is_compatible():
+    """A train section saved without a later field (ema_decay) reads it as its default; a field
+    that really differs is still refused."""
+    current = TrainConfig().to_dict()
+    older = {k: v for k, v in current.items() if k != "ema_decay"}
+    check_compatible({"train": older}, {"train": (current, ())}, "here")
+    with pytest.raises(CheckpointMismatch, match="train.ema_decay"):
+        check_compatible({"train": older}, {"train": (TrainConfig(ema_decay=0.9).to_dict(), ())}, "here")
 
 
 @pytest.mark.slow

@@ -203,7 +203,7 @@ def run_gpt_mnist(model_cfg: GPTConfig, train_cfg: TrainConfig, run_cfg: MnistRu
     stepper, state, fit_summary = train_run(
         model, gpt_loss, train_cfg, run_cfg, batches, extra_meta=tokenizer_meta,
         eval_fn=eval_fn, stop_at=stop_at, log=log)
-    return finish_gpt_mnist(stepper, addressable(state.params), data, run_cfg, fit_summary, t0, log)
+    return finish_gpt_mnist(stepper, addressable(stepper.eval_params(state)), data, run_cfg, fit_summary, t0, log)
 
 
 def finish_gpt_mnist(stepper, params, data: MnistTokens, run_cfg, fit_summary, t0, log=print) -> dict:

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -18,7 +19,10 @@ from txjax.tasks.mnist import sample_patches, save_samples
 from txjax.tasks.spans import fill_spans
 from txjax.tasks.text import masked_prompt, tokenizer_from_meta
 from txjax.train.checkpoint import Checkpointer
+from txjax.train.config import TrainConfig
+from txjax.train.optim import averaged_params, make_optimizer
 from txjax.train.plots import save_image_grid
+from txjax.train.steps import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +47,8 @@ class SampleConfig:
 def load_run(run_dir: str | Path, step: int | None = None):
     """(model with the checkpoint's parameters, dropout off; checkpoint metadata; step).
 
-    Only the parameters are read: no optimizer is built and its moments stay on disk.
+    Only the parameters are read, or, for a run with `ema_decay`, their moving average (then the
+    whole state is read: the average is kept in the optimizer state).
     """
     checkpointer = Checkpointer(Path(run_dir) / "checkpoints", read_only=True)
     try:
@@ -52,7 +57,13 @@ def load_run(run_dir: str | Path, step: int | None = None):
         model = MODELS[model_cfg.family](model_cfg, rngs=nnx.Rngs(0))
         graphdef, params, rest = nnx.split(nnx.view(model, deterministic=True, raise_if_not_found=False),
                                            nnx.Param, ...)
-        params = checkpointer.restore_params(params, meta["step"])
+        ema_decay = meta.get("train", {}).get("ema_decay", 0.0)
+        if ema_decay:  # the moving average lives in the optimizer state: read it whole
+            optimizer = make_optimizer(TrainConfig(**meta["train"]), params)
+            like = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+            params = averaged_params(checkpointer.restore(like, meta["step"])[0].opt_state, ema_decay)
+        else:
+            params = checkpointer.restore_params(params, meta["step"])
     finally:
         checkpointer.close()
     return nnx.merge(graphdef, params, rest), meta, meta["step"]

@@ -168,10 +168,11 @@ def run_t5(model_cfg: T5Config, train_cfg: TrainConfig, run_cfg: TextRunConfig, 
     # A packed row shows its first document: the encoder reads up to that document's end.
     ids = held.get("enc_document_ids")
     lengths = None if ids is None else (ids[:n] == 0).sum(axis=1)
-    pred = t5_decode(stepper.model(addressable(state.params)), held["enc_inputs"][:n], targets_length,
+    params = stepper.eval_params(state)
+    pred = t5_decode(stepper.model(addressable(params)), held["enc_inputs"][:n], targets_length,
                      jax.random.key(train_cfg.seed), temperature=0.0, lengths_B=lengths)
     predicted = [show_spans(tok, row) for row in pred]
-    shuffled = stepper.evaluate(state.params, batches_of(encoder_shuffled(held), run_cfg.eval_batch_size)
+    shuffled = stepper.evaluate(params, batches_of(encoder_shuffled(held), run_cfg.eval_batch_size)
                                 or [encoder_shuffled(held)])
     examples = [{"input": show_spans(tok, held["enc_inputs"][i]), "truth": show_spans(tok, held["targets"][i]),
                  "predicted": predicted[i]} for i in range(min(run_cfg.show, n))]

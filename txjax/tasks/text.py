@@ -131,7 +131,7 @@ def train_with_held_out(model, loss_fn, transform, train_rows, held_rows, tok: C
     stepper, state, fit_summary = train_run(model, loss_fn, train_cfg, run_cfg, batches,
                                             extra_meta=tokenizer_meta(tok), eval_fn=eval_fn,
                                             stop_at=stop_at, log=log)
-    return stepper, state, fit_summary, held, stepper.evaluate(state.params, held_batches)
+    return stepper, state, fit_summary, held, stepper.evaluate(stepper.eval_params(state), held_batches)
 
 
 def tokenizer_from_meta(meta: dict) -> CharTokenizer:

@@ -32,6 +32,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from txjax.config import CONFIGS
+from txjax.train.config import TrainConfig
 from txjax.train.multihost import lead_decides, multi
 
 DIGESTS = "sha256.json"
@@ -241,14 +242,15 @@ def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = ())
     return out
 
 
-def with_field_defaults(saved_model: dict) -> dict:
-    """A model section written before a config field existed, that field read as its default
-    (fields are added with the default that keeps what older models computed, e.g. BertConfig.head)."""
-    cls = CONFIGS.get(saved_model.get("family"))
+def with_field_defaults(saved: dict, cls=None) -> dict:
+    """A model section (or, with cls, a section of that config class) written before a config
+    field existed, that field read as its default (fields are added with the default that keeps
+    what older runs computed, e.g. BertConfig.head, TrainConfig.ema_decay)."""
+    cls = cls or CONFIGS.get(saved.get("family"))
     if cls is None:
-        return saved_model
+        return saved
     defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-    return {**defaults, **saved_model}
+    return {**defaults, **saved}
 
 
 def check_compatible(meta: dict, sections: dict[str, tuple[dict, tuple[str, ...]]], where: str) -> None:
@@ -262,8 +264,8 @@ def check_compatible(meta: dict, sections: dict[str, tuple[dict, tuple[str, ...]
         if saved is None:
             problems.append(f"{name}: missing from the checkpoint")
             continue
-        if name == "model":
-            saved = with_field_defaults(saved)
+        if name in ("model", "train"):
+            saved = with_field_defaults(saved, TrainConfig if name == "train" else None)
         problems += [f"{name}.{d}" for d in config_differences(saved, current, ignore)]
     if problems:
         raise CheckpointMismatch(

@@ -21,6 +21,7 @@ class TrainConfig:
     b2: float = 0.95  # Adam second-moment decay
     eps: float = 1e-8  # Adam denominator epsilon
     grad_clip: float = 1.0  # clip gradients to this global L2 norm; 0 disables clipping
+    ema_decay: float = 0.0  # 0: off; else keep an exponential moving average of the parameters (Polyak averaging, debiased; PixelCNN++ used 0.9995) and evaluate, score and sample with it
     relative_bias_lr_multiplier: float = 1.0  # the learned relative position biases (T5's bucket table, FIRE, KERPLE) learn at learning_rate times this: under Adam a bias moves ~lr a step, too slowly for a short run to make attention local (BUILD.md, "CPU presets")
     # Steps and batches.
     steps: int = 1000  # optimizer steps in the whole run (the schedule's length)
@@ -52,6 +53,8 @@ class TrainConfig:
         for name in ("warmup_steps", "weight_decay", "grad_clip", "eps", "seed", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"TrainConfig.ema_decay must be in [0, 1), got {self.ema_decay!r}")
         for name in ("b1", "b2", "min_lr_ratio"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"TrainConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")

@@ -110,7 +110,8 @@ def fit(
     batches: an iterator of batches with `.state` (a position with `to_dict()`) and
       `set_state`, such as `txjax.data.BatchIterator`.
     meta: JSON-able config sections saved in every checkpoint beside the data position.
-    eval_fn(params) -> {name: value}: held-out metrics, every `eval_every` steps and at the end.
+    eval_fn(params) -> {name: value}: held-out metrics, every `eval_every` steps and at the end,
+      of `stepper.eval_params(state)` (the moving average with `cfg.ema_decay`).
     Appends rows to run_dir/metrics.jsonl, and the same numbers to TensorBoard events there
     (`cfg.tensorboard`, with tensorboardX installed); returns (state, summary). Raises NonFiniteLoss
     (after writing what it knows) when the loss or gradient norm is NaN or Inf; the last
@@ -187,7 +188,7 @@ def fit(
         checkpointer.save(step_no, state, {**meta, "step": step_no, "data": batches.state.to_dict()})
 
     def evaluate(step_no: int) -> dict:
-        result = eval_fn(state.params)
+        result = eval_fn(stepper.eval_params(state))
         write_row({"step": step_no, "split": "eval", **result})
         line = f"step {step_no}: " + ", ".join(f"eval {k} {v:.4g}" for k, v in result.items()
                                                if isinstance(v, float))

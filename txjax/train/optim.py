@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
+import jax.numpy as jnp
 import optax
 
 from txjax.train.config import TrainConfig
@@ -56,10 +59,44 @@ def make_schedule(cfg: TrainConfig) -> optax.Schedule:
     )
 
 
+class ParamEmaState(NamedTuple):
+    """`param_ema`'s state: updates seen, and the (not yet debiased) average of the parameters."""
+
+    count: jax.Array
+    ema: Any
+
+
+def param_ema(decay: float) -> optax.GradientTransformation:
+    """Passes updates through unchanged and keeps ema <- decay ema + (1 - decay) (params + updates),
+    the parameters after each step, from ema = 0. Last in a chain: it must see the final updates."""
+
+    def init(params):
+        return ParamEmaState(jnp.zeros((), jnp.int32), jax.tree.map(jnp.zeros_like, params))
+
+    def update(updates, state, params):
+        new = optax.apply_updates(params, updates)
+        ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema, new)
+        return updates, ParamEmaState(state.count + 1, ema)
+
+    return optax.GradientTransformation(init, update)
+
+
+def averaged_params(opt_state, decay: float):
+    """The debiased average ema / (1 - decay^count) kept by `param_ema` inside `opt_state`: a
+    weighted mean of the parameters after each step so far, the weights decay^(steps since)."""
+    found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, ParamEmaState))
+             if isinstance(s, ParamEmaState)]
+    if len(found) != 1:
+        raise ValueError(f"expected one ParamEmaState in the optimizer state, found {len(found)}")
+    state = found[0]
+    correction = 1.0 - jnp.asarray(decay, jnp.float32) ** jnp.maximum(state.count, 1)
+    return jax.tree.map(lambda e: (e / correction).astype(e.dtype), state.ema)
+
+
 def make_optimizer(cfg: TrainConfig, params) -> optax.GradientTransformation:
     """clip_by_global_norm(grad_clip) then AdamW(schedule), decay masked by `decay_mask(params)`;
     the relative biases' updates scaled by `relative_bias_lr_multiplier` (none decay, so that is
-    their learning rate times it)."""
+    their learning rate times it); last, with `ema_decay`, `param_ema`."""
     parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
     parts.append(optax.adamw(
         make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
@@ -67,4 +104,6 @@ def make_optimizer(cfg: TrainConfig, params) -> optax.GradientTransformation:
     ))
     if cfg.relative_bias_lr_multiplier != 1.0:  # only then: the optimizer state of other runs is unchanged
         parts.append(optax.masked(optax.scale(cfg.relative_bias_lr_multiplier), relative_bias_mask(params)))
+    if cfg.ema_decay:  # only then, as above
+        parts.append(param_ema(cfg.ema_decay))
     return parts[0] if len(parts) == 1 else optax.chain(*parts)

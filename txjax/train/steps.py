@@ -18,7 +18,7 @@ from flax import nnx
 
 from txjax.ops import token_nll
 from txjax.train.config import TrainConfig
-from txjax.train.optim import make_optimizer, make_schedule
+from txjax.train.optim import averaged_params, make_optimizer, make_schedule
 from txjax.train.sharding import Layout, make_mesh
 
 Batch = dict[str, Any]
@@ -132,6 +132,11 @@ class Stepper:
         params = self.init_params if params is None else params
         state = TrainState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
         return state if self.layout is None else self.layout.put(state)
+
+    def eval_params(self, state: TrainState):
+        """The parameters to evaluate, score and sample with: the moving average with
+        `cfg.ema_decay`, else the trained parameters themselves."""
+        return averaged_params(state.opt_state, self.cfg.ema_decay) if self.cfg.ema_decay else state.params
 
     def model(self, params, *, train: bool = False) -> nnx.Module:
         """A module built from `params` (dropout off unless train=True)."""
