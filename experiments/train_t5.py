@@ -32,8 +32,8 @@ PRESETS = {
     # Sized for 2 CPU cores: 64-character encoder rows, one 11-character span each (ByT5's mean
     # span of 20 characters), B 64, T5's own init, the relative bias learning 10x faster, and
     # dropout 0.1, without which the 1,200 steps overfit the shipped excerpt (62 passes over its
-    # rows: 0.445 accuracy, held-out loss 4.90; with it 0.469; on tinyshakespeare 0.526 without,
-    # 0.504 with). BUILD.md, "CPU presets", has the measured runs.
+    # rows: 0.445 accuracy, held-out loss 4.90; with it 0.466; on tinyshakespeare 0.526 without,
+    # 0.513 with, 4 min 42 s on 2 AMX cores). BUILD.md, "CPU presets", has the measured runs.
     "cpu": {
         "model": T5Config(d_model=128, num_heads=4, num_layers=3, d_ff=512, dropout=0.1),
         "train": TrainConfig(learning_rate=3e-3, warmup_steps=100, steps=1200, batch_size=64,
