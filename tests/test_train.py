@@ -167,12 +167,13 @@ def test_param_ema_is_the_debiased_weighted_mean_of_the_parameters_after_each_st
         after.append(np.asarray(params["w"]))
     n = len(after)
     weights = np.array([decay ** (n - i) * (1 - decay) for i in range(1, n + 1)]) / (1 - decay ** n)
-    np.testing.assert_allclose(averaged_params(state, decay)["w"], weights @ np.stack(after), rtol=1e-6)
+    # rtol 1e-5: float32 sums over 4 steps of terms up to ~3x the result, not one machine's rounding
+    np.testing.assert_allclose(averaged_params(state, decay)["w"], weights @ np.stack(after), rtol=1e-5)
     still = optax.chain(optax.sgd(0.0), param_ema(decay))
     s = still.init(params)
     for _ in range(3):
         s = still.update({"w": jnp.ones(2)}, s, params)[1]
-    np.testing.assert_allclose(averaged_params(s, decay)["w"], params["w"], rtol=1e-6)
+    np.testing.assert_allclose(averaged_params(s, decay)["w"], params["w"], rtol=1e-5)
 
 
 def test_ema_run_evaluates_and_samples_with_the_average(tmp_path):
