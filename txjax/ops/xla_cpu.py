@@ -96,39 +96,58 @@ def matmul_tn(a_KM: jax.Array, b_KN: jax.Array, out_dtype=None) -> jax.Array:
     return swap_copy(_dot("...NK,...KM->...NM", transposed(b_KN), a_KM, out_dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def matmul_nn(a_MK: jax.Array, b_KN: jax.Array, out_dtype=None) -> jax.Array:
-    """a @ b in out_dtype (default a's); its gradient for b is `matmul_tn(a, d)`, not autodiff's a^T d."""
-    return _dot("...MK,...KN->...MN", a_MK, b_KN, a_MK.dtype if out_dtype is None else out_dtype)
+def _operands(a: jax.Array, b: jax.Array, dtype):
+    """a and b as the dots' operands: in `dtype` (None: as they are) and row-major (`_operand`);
+    with a `dtype`, a and b must be float32 (their gradients are)."""
+    if dtype is None:
+        return a, b
+    if a.dtype != jnp.float32 or b.dtype != jnp.float32:
+        raise ValueError(f"xla_cpu: a compute dtype takes float32 operands, got {a.dtype} and {b.dtype}")
+    return _operand(a, dtype), _operand(b, dtype)
 
 
-def _nn_fwd(a_MK, b_KN, out_dtype):
-    return matmul_nn(a_MK, b_KN, out_dtype), (a_MK, b_KN)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def matmul_nn(a_MK: jax.Array, b_KN: jax.Array, out_dtype=None, dtype=None) -> jax.Array:
+    """a @ b in out_dtype (default a's); its gradient for b is `matmul_tn(a, d)`, not autodiff's a^T d.
+
+    `dtype` (default None: the operands' own): the dots' operand dtype for float32 a and b,
+    cast to inside the VJP, so that their gradients come out of the dots' float32
+    accumulators without a rounding to `dtype` (attention's bfloat16 path)."""
+    return _nn_fwd(a_MK, b_KN, out_dtype, dtype)[0]
 
 
-def _nn_bwd(out_dtype, res, d_MN):
+def _nn_fwd(a_MK, b_KN, out_dtype, dtype):
+    a_MK, b_KN = res = _operands(a_MK, b_KN, dtype)
+    return _dot("...MK,...KN->...MN", a_MK, b_KN, a_MK.dtype if out_dtype is None else out_dtype), res
+
+
+def _nn_bwd(out_dtype, dtype, res, d_MN):
     a_MK, b_KN = res
     d_MN = d_MN.astype(a_MK.dtype)
-    return _dot("...MN,...KN->...MK", d_MN, b_KN, a_MK.dtype), matmul_tn(a_MK, d_MN, b_KN.dtype)
+    da_dtype, db_dtype = (a_MK.dtype, b_KN.dtype) if dtype is None else (jnp.float32, jnp.float32)
+    return _dot("...MN,...KN->...MK", d_MN, b_KN, da_dtype), matmul_tn(a_MK, d_MN, db_dtype)
 
 
 matmul_nn.defvjp(_nn_fwd, _nn_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def matmul_nt(a_MK: jax.Array, b_NK: jax.Array, out_dtype=None) -> jax.Array:
-    """a @ b^T in out_dtype (default a's); its gradient for b is `matmul_tn(d, a)`, not autodiff's d^T a."""
-    return _dot("...MK,...NK->...MN", a_MK, b_NK, a_MK.dtype if out_dtype is None else out_dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def matmul_nt(a_MK: jax.Array, b_NK: jax.Array, out_dtype=None, dtype=None) -> jax.Array:
+    """a @ b^T in out_dtype (default a's), the operands in `dtype` as for `matmul_nn`; its
+    gradient for b is `matmul_tn(d, a)`, not autodiff's d^T a."""
+    return _nt_fwd(a_MK, b_NK, out_dtype, dtype)[0]
 
 
-def _nt_fwd(a_MK, b_NK, out_dtype):
-    return matmul_nt(a_MK, b_NK, out_dtype), (a_MK, b_NK)
+def _nt_fwd(a_MK, b_NK, out_dtype, dtype):
+    a_MK, b_NK = res = _operands(a_MK, b_NK, dtype)
+    return _dot("...MK,...NK->...MN", a_MK, b_NK, a_MK.dtype if out_dtype is None else out_dtype), res
 
 
-def _nt_bwd(out_dtype, res, d_MN):
+def _nt_bwd(out_dtype, dtype, res, d_MN):
     a_MK, b_NK = res
     d_MN = d_MN.astype(a_MK.dtype)
-    return _dot("...MN,...NK->...MK", d_MN, b_NK, a_MK.dtype), matmul_tn(d_MN, a_MK, b_NK.dtype)
+    da_dtype, db_dtype = (a_MK.dtype, b_NK.dtype) if dtype is None else (jnp.float32, jnp.float32)
+    return _dot("...MN,...NK->...MK", d_MN, b_NK, da_dtype), matmul_tn(d_MN, a_MK, db_dtype)
 
 
 matmul_nt.defvjp(_nt_fwd, _nt_bwd)
@@ -158,21 +177,24 @@ def dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, impleme
                           causal_block_size=None) -> jax.Array:
     """`txjax.ops.dot_product_attention`, its reference formula with the custom-VJP matmuls.
 
-    In bfloat16, q, k and v enter the formula in float32 and are cast back only as the
-    matmuls' operands: the heads-major copies, the causal blocks' slices and the sums of
-    their key and value gradients then run in float32 (XLA:CPU has no bfloat16 arithmetic,
-    and converted around every add they took 4x as long), and the scores, weights and
-    output are accumulated in float32; only the output is cast to the inputs' dtype."""
+    In bfloat16, q, k and v enter the formula in float32 and are cast back only inside the
+    matmuls' custom VJPs (their `dtype`): the heads-major copies, the causal blocks' slices
+    and the sums of their key and value gradients then run in float32 (XLA:CPU has no
+    bfloat16 arithmetic, and converted around every add they took 4x as long), each block's
+    gradients reach those sums unrounded, and the scores, weights and output are accumulated
+    in float32; only the output is cast to the inputs' dtype. (With the casts outside the
+    VJPs, each block's gradients were rounded to bfloat16 and converted back: the bench step
+    was 7% slower, 12% at D 384.)"""
     if implementation != "reference" or not supported(q_BTNH, k_BSNH, v_BSNH):
         return attention.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, implementation,
                                                causal_block_size)
     dtype = q_BTNH.dtype
 
     def qk(q_BNTH, k_BNSH):
-        return matmul_nt(_operand(q_BNTH, dtype), _operand(k_BNSH, dtype), jnp.float32)
+        return matmul_nt(q_BNTH, k_BNSH, jnp.float32, dtype)
 
     def pv(weights_BNTS, v_BNSH):
-        return matmul_nn(weights_BNTS.astype(dtype), _operand(v_BNSH, dtype), jnp.float32)
+        return matmul_nn(weights_BNTS, v_BNSH, jnp.float32, dtype)
 
     q_BTNH, k_BSNH, v_BSNH = (x.astype(jnp.float32) for x in (q_BTNH, k_BSNH, v_BSNH))
     out_BTNH = attention.reference_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size,
