@@ -134,6 +134,33 @@ def test_transposed_is_the_exact_transpose(dtype, shape, jit):
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(jnp.swapaxes(x, -1, -2), np.float32))
 
 
+@pytest.mark.parametrize("form", ["nn", "nt"])
+def test_matmuls_with_a_compute_dtype_give_unrounded_float32_gradients(form):
+    """matmul_nn / matmul_nt(a, b, float32, dtype=bfloat16) on float32 a and b: the dots see a, b
+    and the cotangent rounded to bfloat16, and the gradients are those dots' float32 sums, not
+    rounded to bfloat16 again (that rounding alone would be off by ~2^-9); bfloat16 operands with a
+    compute dtype are refused."""
+    a = jax.random.normal(jax.random.key(0), (3, 5, 4))
+    b = jax.random.normal(jax.random.key(1), (3, 4, 6) if form == "nn" else (3, 6, 4))
+    w = jax.random.normal(jax.random.key(2), (3, 5, 6))
+    matmul, spec = {"nn": (xla_cpu.matmul_nn, "bmk,bkn->bmn"), "nt": (xla_cpu.matmul_nt, "bmk,bnk->bmn")}[form]
+    r = lambda x: x.astype(jnp.bfloat16).astype(jnp.float32)  # noqa: E731
+
+    def loss(f, a, b):
+        return jnp.sum(r(w) * f(a, b))
+
+    grads = jax.grad(lambda a, b: loss(lambda a, b: matmul(a, b, jnp.float32, jnp.bfloat16), a, b), (0, 1))(a, b)
+    # the same gradients from the bfloat16 numbers, in float32 (autodiff through r would round them)
+    exact = jax.grad(lambda a, b: loss(lambda a, b: jnp.einsum(spec, a, b, precision="highest"), a, b),
+                     (0, 1))(r(a), r(b))
+    np.testing.assert_allclose(matmul(a, b, jnp.float32, jnp.bfloat16), jnp.einsum(spec, r(a), r(b)), rtol=1e-6)
+    for g, e in zip(grads, exact):
+        assert g.dtype == jnp.float32
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="float32 operands"):
+        matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), jnp.float32, jnp.bfloat16)
+
+
 def test_dense_in_bfloat16_accumulates_in_float32_with_bfloat16_dots():
     """bfloat16 takes the fast path too: bfloat16 operands, float32 accumulation and bias, one
     rounding at the end; its gradients are the float32 ones of the same bfloat16 numbers (to
