@@ -227,7 +227,8 @@ def test_the_cpu_forms_train_as_autodiff_does_over_20_steps():
 
     def train(forms):
         model = GPT(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(grad_forms=forms, causal_block_size=8))
-        stepper = Stepper(model, LOSSES["gpt"], TrainConfig(batch_size=4, steps=20, warmup_steps=2, learning_rate=1e-2, progress=False))
+        train_config = TrainConfig(batch_size=4, steps=20, warmup_steps=2, learning_rate=1e-2, progress=False)
+        stepper = Stepper(model, LOSSES["gpt"], train_config)
         state, losses = stepper.init_state(), []
         for _ in range(20):
             state, metrics = stepper.train_step(state, batch, key)
