@@ -246,6 +246,21 @@ def test_match_by_distance_finds_where_a_decoder_reads_its_answer():
     assert all(shares[1] == 1.0 for _, shares in synthetic.match_by_distance(fixed, inputs, targets, [5, 3]))
 
 
+@pytest.mark.parametrize("family", ["gpt", "t5"])
+def test_accuracy_by_index_locates_the_first_wrong_answer_token(family):
+    """Predictions right up to answer token k and wrong after: per length n, accuracy 1 at indices
+    1..k and 0 after, EOS included; each row has n + 1 scored positions in both layouts."""
+    xs = [np.arange(4, 4 + n, dtype=np.int32) for n in (5, 3, 5)]
+    targets = synthetic.BATCHERS[family]("reverse", xs, 5)["targets"]
+    k = 2
+    index_BT = np.cumsum(targets != IGNORE_INDEX, axis=1)  # 1-based index among scored positions
+    pred = np.where(index_BT <= k, targets, -1)
+    assert synthetic.accuracy_by_index(pred, targets, [5, 3, 5]) == [
+        [3, [1.0, 1.0, 0.0, 0.0]], [5, [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]]]
+    pred[0] = np.where(targets[0] != IGNORE_INDEX, targets[0], -1)  # one of the two length-5 rows all right
+    assert synthetic.accuracy_by_index(pred, targets, [5, 3, 5])[1] == [5, [1.0, 1.0, 0.5, 0.5, 0.5, 0.5]]
+
+
 def prefix_hash_model(tokens_BT):
     """A causal hand model: the prediction at t is a fixed hash of tokens[: t + 1] onto {symbol 4, symbol 5, EOS}."""
     choices = np.array([4, 5, synthetic.EOS])
@@ -309,6 +324,9 @@ def test_an_unreached_target_trains_the_whole_budget_and_says_so(family):
         by_length = r[f"{split}_exact_by_length"]  # the per-length means weighted by counts give the total
         assert all(lo <= k <= hi for k, _, _ in by_length) and sum(n for _, _, n in by_length) == study.eval_examples
         assert sum(e * n for _, e, n in by_length) / study.eval_examples == pytest.approx(r[f"{split}_exact"])
+        by_index = r[f"{split}_accuracy_by_index"]  # one accuracy per answer token and EOS, in [0, 1]
+        assert [n for n, _ in by_index] == [k for k, _, _ in by_length]
+        assert all(len(acc) == n + 1 and all(0.0 <= a <= 1.0 for a in acc) for n, acc in by_index)
     # checking does not change training: the same steps give the same model
     assert unchecked["in_token_acc"] == pytest.approx(r["in_token_acc"], abs=1e-6)
 

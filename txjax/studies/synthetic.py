@@ -200,6 +200,23 @@ def match_by_distance(pred_BT: np.ndarray, inputs_BT: np.ndarray, targets_BT: np
     return out
 
 
+def accuracy_by_index(pred_BT: np.ndarray, targets_BT: np.ndarray, lengths: list[int]) -> list[list]:
+    """Per input length n: [n, [accuracy of answer token i, i = 1..n, then of EOS]], teacher-forced.
+
+    Where in a longer answer a model goes wrong. A decoder-only reverse reads token i from distance
+    2i - 1 whatever n is, so a model that reads by distance alone gets the tokens whose distance it
+    was trained on right at every length."""
+    lengths = np.asarray(lengths)
+    out = []
+    for n in np.unique(lengths):
+        rows = lengths == n
+        pred, targets = pred_BT[rows], targets_BT[rows]
+        scored = targets != IGNORE_INDEX  # n + 1 positions in every row of this length
+        right = (pred[scored] == targets[scored]).reshape(int(rows.sum()), int(n) + 1)
+        out.append([int(n), right.mean(0).tolist()])
+    return out
+
+
 def run_one(family: str, task: str, position: str, seed: int, study: SyntheticConfig,
             train_cfg: TrainConfig, stepper_cache: dict) -> dict:
     """Train one model until it reaches `target_exact` in distribution (or the budget ends); score it
@@ -248,6 +265,7 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
         out[f"{split}_exact"], out[f"{split}_token_acc"] = float(exact.mean()), float(tok.mean())
         lengths = [len(x) for x in xs]
         out[f"{split}_exact_by_length"] = exact_by_length(exact, lengths)
+        out[f"{split}_accuracy_by_index"] = accuracy_by_index(pred, batch["targets"], lengths)
         if family == "gpt":
             out[f"{split}_match_by_distance"] = match_by_distance(pred, batch["inputs"], batch["targets"], lengths)
     return out
