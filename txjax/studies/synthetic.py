@@ -78,6 +78,7 @@ class SyntheticConfig:
     sinusoidal_scale: bool = True  # sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings)
     num_buckets: int = 32  # T5 bias runs: relative-position buckets (the first half exact, then log-spaced)
     max_distance: int = 128  # T5 bias runs: offsets from here on share the last bucket
+    prefix_max: int = 0  # decoder-only training rows start with 0..prefix_max random symbols (attended, unscored), so a query sees a varying number of keys; checks and tests have none
 
     def __post_init__(self):
         for name, allowed in (("tasks", TASKS), ("families", FAMILIES), ("positions", POSITIONS)):
@@ -88,8 +89,8 @@ class SyntheticConfig:
             raise ValueError("lengths must satisfy 1 <= min <= max")
         if self.num_symbols < 2 or self.seeds < 1 or self.eval_examples < 1 or self.check_examples < 1:
             raise ValueError("num_symbols >= 2, seeds >= 1, eval_examples >= 1 and check_examples >= 1 are required")
-        if self.check_every < 0 or not 0.0 < self.target_exact <= 1.0:
-            raise ValueError("check_every >= 0 and 0 < target_exact <= 1 are required")
+        if self.check_every < 0 or not 0.0 < self.target_exact <= 1.0 or self.prefix_max < 0:
+            raise ValueError("check_every >= 0, 0 < target_exact <= 1 and prefix_max >= 0 are required")
 
     @property
     def vocab_size(self) -> int:
@@ -111,20 +112,24 @@ def sample_inputs(rng: np.random.Generator, n: int, min_len: int, max_len: int, 
     return [rng.integers(NUM_SPECIAL, NUM_SPECIAL + num_symbols, k).astype(np.int32) for k in lengths]
 
 
-def decoder_only_batch(task: str, xs: list[np.ndarray], max_len: int) -> dict[str, np.ndarray]:
-    """GPT: BOS x SEP y EOS right-padded to 2 * max_len + 3 tokens; targets only on y EOS.
+def decoder_only_batch(task: str, xs: list[np.ndarray], max_len: int,
+                       prefixes: list[np.ndarray] | None = None, prefix_max: int = 0) -> dict[str, np.ndarray]:
+    """GPT: [prefix] BOS x SEP y EOS right-padded to prefix_max + 2 * max_len + 3 tokens; targets only
+    on y EOS. A prefix (at most prefix_max tokens, none by default) is attended but not scored.
 
-    inputs/targets are [B, 2 * max_len + 2] (the next-token shift of the padded rows).
+    inputs/targets are [B, prefix_max + 2 * max_len + 2] (the next-token shift of the padded rows).
     """
-    width = 2 * max_len + 3
+    prefixes = [np.zeros(0, np.int32)] * len(xs) if prefixes is None else prefixes
+    width = prefix_max + 2 * max_len + 3
     rows = np.full((len(xs), width), PAD, np.int32)
     scored = np.zeros((len(xs), width), bool)
-    for i, x in enumerate(xs):
-        k = len(x)
-        if k > max_len:
-            raise ValueError(f"input of length {k} exceeds max_len={max_len}")
-        rows[i, : 2 * k + 3] = np.concatenate([[BOS], x, [SEP], task_output(task, x), [EOS]])
-        scored[i, k + 2: 2 * k + 3] = True  # y and EOS
+    for i, (p, x) in enumerate(zip(prefixes, xs)):
+        k, j = len(x), len(p)
+        if k > max_len or j > prefix_max:
+            raise ValueError(f"input of length {k} or prefix of length {j} exceeds max_len={max_len} "
+                             f"or prefix_max={prefix_max}")
+        rows[i, : j + 2 * k + 3] = np.concatenate([p, [BOS], x, [SEP], task_output(task, x), [EOS]])
+        scored[i, j + k + 2: j + 2 * k + 3] = True  # y and EOS
     targets = np.where(scored[:, 1:], rows[:, 1:], IGNORE_INDEX).astype(np.int32)
     return {"inputs": rows[:, :-1], "targets": targets}
 
@@ -165,7 +170,7 @@ def model_config(family: str, position: str, study: SyntheticConfig):
                 scale_embeddings=position == "sinusoidal" and study.sinusoidal_scale,
                 num_buckets=study.num_buckets, max_distance=study.max_distance)
     if family == "gpt":
-        return GPTConfig(max_len=2 * study.train_max + 2, **size)
+        return GPTConfig(max_len=study.prefix_max + 2 * study.train_max + 2, **size)
     return T5Config(max_len=study.train_max + 1, pad_id=PAD, eos_id=EOS, decoder_start_id=PAD, **size)
 
 
@@ -235,6 +240,9 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
     def batch_fn(step):
         rng = np.random.default_rng([seed, step, TASKS.index(task)])
         xs = sample_inputs(rng, train_cfg.batch_size, study.train_min, study.train_max, study.num_symbols)
+        if family == "gpt" and study.prefix_max:
+            prefixes = sample_inputs(rng, len(xs), 0, study.prefix_max, study.num_symbols)
+            return decoder_only_batch(task, xs, study.train_max, prefixes, study.prefix_max)
         return batcher(task, xs, study.train_max)
 
     check = batcher(task, sample_inputs(np.random.default_rng([20_000 + seed, TASKS.index(task)]),
