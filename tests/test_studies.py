@@ -273,6 +273,22 @@ def test_accuracy_by_index_locates_the_first_wrong_answer_token(family):
     assert synthetic.accuracy_by_index(pred, targets, [5, 3, 5])[1] == [5, [1.0, 1.0, 0.5, 0.5, 0.5, 0.5]]
 
 
+@pytest.mark.parametrize("task", ["copy", "reverse"])
+def test_match_by_source_offset_finds_a_read_shifted_along_x(task):
+    """Distinct symbols: a correct answer reads every token at delta 0; a reverse that believes the
+    input is 3 long when it is 5 reads its first three tokens at delta 3 - 5 = -2."""
+    xs = [np.arange(4, 9, dtype=np.int32)]
+    batch = synthetic.decoder_only_batch(task, xs, 5)
+    inputs, targets = batch["inputs"], batch["targets"]
+    correct = np.where(targets != IGNORE_INDEX, targets, 0)
+    assert synthetic.match_by_source_offset(task, correct, inputs, [5]) == [[5, [0.0] * 4 + [1.0] + [0.0] * 4]]
+    if task == "reverse":
+        believes_3 = np.zeros_like(correct)
+        believes_3[0, 5 + np.arange(1, 4)] = inputs[0, 3 + 1 - np.arange(1, 4)]  # y_i := x_(3 + 1 - i)
+        shares = synthetic.match_by_source_offset(task, believes_3, inputs, [5])[0][1]
+        assert shares[-2 + 4] == pytest.approx(3 / 5) and sum(shares) == pytest.approx(3 / 5)
+
+
 def prefix_hash_model(tokens_BT):
     """A causal hand model: the prediction at t is a fixed hash of tokens[: t + 1] onto {symbol 4, symbol 5, EOS}."""
     choices = np.array([4, 5, synthetic.EOS])

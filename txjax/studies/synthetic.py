@@ -205,6 +205,26 @@ def match_by_distance(pred_BT: np.ndarray, inputs_BT: np.ndarray, targets_BT: np
     return out
 
 
+def match_by_source_offset(task: str, pred_BT: np.ndarray, inputs_BT: np.ndarray, lengths: list[int]) -> list[list]:
+    """Decoder-only rows without a prefix, per input length n: [n, [share at delta = 1-n..n-1]], the
+    share of predicted answer tokens (EOS aside) equal to x_(j + delta), where x_j is the right
+    source (copy: j = i, reverse: j = n + 1 - i). A model that reads relative to the start of x with
+    a length it believes to be n' reverses from delta = n' - n."""
+    lengths = np.asarray(lengths)
+    out = []
+    for n in (int(k) for k in np.unique(lengths)):
+        pred, inputs = pred_BT[lengths == n], inputs_BT[lengths == n]
+        i = np.arange(1, n + 1)
+        query, source = n + i, (i if task == "copy" else n + 1 - i)  # x_j sits at position j, after BOS
+        shares = []
+        for delta in range(1 - n, n):
+            j = source + delta
+            ok = (j >= 1) & (j <= n)
+            shares.append(float((pred[:, query[ok]] == inputs[:, j[ok]]).sum() / (len(pred) * n)))
+        out.append([n, shares])
+    return out
+
+
 def accuracy_by_index(pred_BT: np.ndarray, targets_BT: np.ndarray, lengths: list[int]) -> list[list]:
     """Per input length n: [n, [accuracy of answer token i, i = 1..n, then of EOS]], teacher-forced.
 
@@ -276,6 +296,7 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
         out[f"{split}_accuracy_by_index"] = accuracy_by_index(pred, batch["targets"], lengths)
         if family == "gpt":
             out[f"{split}_match_by_distance"] = match_by_distance(pred, batch["inputs"], batch["targets"], lengths)
+            out[f"{split}_match_by_source_offset"] = match_by_source_offset(task, pred, batch["inputs"], lengths)
     return out
 
 
