@@ -16,7 +16,7 @@ from flax import nnx
 from txjax import GPT, Bert, GPTConfig, ops
 from txjax.config import BertConfig
 from txjax.data import IGNORE_INDEX
-from txjax.studies import common, length, randomized, synthetic, windows
+from txjax.studies import common, length, randomized, synthetic, synthetic_data, windows
 from txjax.studies.attention_maps import layer_attention
 from txjax.studies.common import fmt_mean_std, mean_std
 from txjax.studies.mask_rate import EVAL_RATE, MaskRateConfig, family_data, loss_tokens
@@ -194,44 +194,44 @@ def test_summary_and_markdown_show_na_for_learned():
 
 def test_copy_and_reverse_generators():
     x = np.array([5, 6, 7], np.int32)
-    np.testing.assert_array_equal(synthetic.task_output("copy", x), x)
-    np.testing.assert_array_equal(synthetic.task_output("reverse", x), [7, 6, 5])
+    np.testing.assert_array_equal(synthetic_data.task_output("copy", x), x)
+    np.testing.assert_array_equal(synthetic_data.task_output("reverse", x), [7, 6, 5])
     with pytest.raises(ValueError):
-        synthetic.task_output("sort", x)
+        synthetic_data.task_output("sort", x)
     rng = np.random.default_rng(0)
-    xs = synthetic.sample_inputs(rng, 200, 4, 20, 20)
+    xs = synthetic_data.sample_inputs(rng, 200, 4, 20, 20)
     lengths = [len(v) for v in xs]
     assert min(lengths) >= 4 and max(lengths) <= 20 and len(set(lengths)) > 10
     allv = np.concatenate(xs)
-    assert allv.min() >= synthetic.NUM_SPECIAL and allv.max() < synthetic.NUM_SPECIAL + 20
+    assert allv.min() >= synthetic_data.NUM_SPECIAL and allv.max() < synthetic_data.NUM_SPECIAL + 20
 
 
 def test_decoder_only_batch_layout():
-    b = synthetic.decoder_only_batch("reverse", [np.array([5, 6, 7], np.int32)], max_len=4)
-    B, S, E, P = synthetic.BOS, synthetic.SEP, synthetic.EOS, synthetic.PAD
+    b = synthetic_data.decoder_only_batch("reverse", [np.array([5, 6, 7], np.int32)], max_len=4)
+    B, S, E, P = synthetic_data.BOS, synthetic_data.SEP, synthetic_data.EOS, synthetic_data.PAD
     #          rows: BOS 5 6 7 SEP 7 6 5 EOS PAD PAD  (width 2*4+3 = 11)
     np.testing.assert_array_equal(b["inputs"][0], [B, 5, 6, 7, S, 7, 6, 5, E, P])
     I = IGNORE_INDEX
     np.testing.assert_array_equal(b["targets"][0], [I, I, I, I, 7, 6, 5, E, I, I])  # SEP predicts y[0]
     with pytest.raises(ValueError):
-        synthetic.decoder_only_batch("copy", [np.arange(5, 10)], max_len=4)
+        synthetic_data.decoder_only_batch("copy", [np.arange(5, 10)], max_len=4)
 
 
 def test_a_prefix_is_attended_but_not_scored():
     """The same row after a 2-token prefix, in a batch 3 wider: the targets move with it, unchanged."""
     x = np.array([5, 6, 7], np.int32)
-    plain = synthetic.decoder_only_batch("reverse", [x], max_len=4)
-    b = synthetic.decoder_only_batch("reverse", [x], max_len=4, prefixes=[np.array([9, 8], np.int32)], prefix_max=3)
-    B, S, E, P, I = synthetic.BOS, synthetic.SEP, synthetic.EOS, synthetic.PAD, IGNORE_INDEX
+    plain = synthetic_data.decoder_only_batch("reverse", [x], max_len=4)
+    b = synthetic_data.decoder_only_batch("reverse", [x], max_len=4, prefixes=[np.array([9, 8], np.int32)], prefix_max=3)
+    B, S, E, P, I = synthetic_data.BOS, synthetic_data.SEP, synthetic_data.EOS, synthetic_data.PAD, IGNORE_INDEX
     np.testing.assert_array_equal(b["inputs"][0], [9, 8, B, 5, 6, 7, S, 7, 6, 5, E, P, P])
     np.testing.assert_array_equal(b["targets"][0], [I, I, *plain["targets"][0], I])
     with pytest.raises(ValueError):
-        synthetic.decoder_only_batch("copy", [x], max_len=4, prefixes=[np.arange(4, 8)], prefix_max=3)
+        synthetic_data.decoder_only_batch("copy", [x], max_len=4, prefixes=[np.arange(4, 8)], prefix_max=3)
 
 
 def test_encoder_decoder_batch_layout():
-    b = synthetic.encoder_decoder_batch("copy", [np.array([5, 6], np.int32)], max_len=3)
-    E, P, I = synthetic.EOS, synthetic.PAD, IGNORE_INDEX
+    b = synthetic_data.encoder_decoder_batch("copy", [np.array([5, 6], np.int32)], max_len=3)
+    E, P, I = synthetic_data.EOS, synthetic_data.PAD, IGNORE_INDEX
     np.testing.assert_array_equal(b["enc_inputs"][0], [5, 6, E, P])
     np.testing.assert_array_equal(b["dec_inputs"][0], [P, 5, 6, P])
     np.testing.assert_array_equal(b["targets"][0], [5, 6, E, I])
@@ -240,7 +240,7 @@ def test_encoder_decoder_batch_layout():
 def test_exact_match_counts_only_scored_positions():
     targets = np.array([[IGNORE_INDEX, 1, 2], [0, 1, IGNORE_INDEX], [2, 2, 2]])
     pred = np.array([[0, 1, 2], [0, 0, 1], [2, 2, 1]])
-    exact, tok = synthetic.exact_match(pred, targets)
+    exact, tok = synthetic_data.exact_match(pred, targets)
     np.testing.assert_array_equal(exact, [True, False, False])
     np.testing.assert_allclose(tok, [1.0, 0.5, 2 / 3])
 
@@ -249,13 +249,13 @@ def test_match_by_distance_finds_where_a_decoder_reads_its_answer():
     """A correct copy of n distinct symbols reads from distance n; a fixed-offset reader from its
     offset, whatever the length."""
     xs = [np.arange(4, 9, dtype=np.int32), np.arange(4, 7, dtype=np.int32)]
-    batch = synthetic.decoder_only_batch("copy", xs, 5)
+    batch = synthetic_data.decoder_only_batch("copy", xs, 5)
     inputs, targets = batch["inputs"], batch["targets"]
     correct = np.where(targets != IGNORE_INDEX, targets, 0)
-    assert synthetic.match_by_distance(correct, inputs, targets, [5, 3]) == [
+    assert synthetic_data.match_by_distance(correct, inputs, targets, [5, 3]) == [
         [3, [0.0] * 2 + [1.0] + [0.0] * 4], [5, [0.0] * 4 + [1.0] + [0.0] * 6]]
     fixed = np.concatenate([np.zeros((2, 2), int), inputs[:, :-2]], axis=1)  # always the token 2 back
-    assert all(shares[1] == 1.0 for _, shares in synthetic.match_by_distance(fixed, inputs, targets, [5, 3]))
+    assert all(shares[1] == 1.0 for _, shares in synthetic_data.match_by_distance(fixed, inputs, targets, [5, 3]))
 
 
 @pytest.mark.parametrize("family", ["gpt", "t5"])
@@ -263,14 +263,14 @@ def test_accuracy_by_index_locates_the_first_wrong_answer_token(family):
     """Predictions right up to answer token k and wrong after: per length n, accuracy 1 at indices
     1..k and 0 after, EOS included; each row has n + 1 scored positions in both layouts."""
     xs = [np.arange(4, 4 + n, dtype=np.int32) for n in (5, 3, 5)]
-    targets = synthetic.BATCHERS[family]("reverse", xs, 5)["targets"]
+    targets = synthetic_data.BATCHERS[family]("reverse", xs, 5)["targets"]
     k = 2
     index_BT = np.cumsum(targets != IGNORE_INDEX, axis=1)  # 1-based index among scored positions
     pred = np.where(index_BT <= k, targets, -1)
-    assert synthetic.accuracy_by_index(pred, targets, [5, 3, 5]) == [
+    assert synthetic_data.accuracy_by_index(pred, targets, [5, 3, 5]) == [
         [3, [1.0, 1.0, 0.0, 0.0]], [5, [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]]]
     pred[0] = np.where(targets[0] != IGNORE_INDEX, targets[0], -1)  # one of the two length-5 rows all right
-    assert synthetic.accuracy_by_index(pred, targets, [5, 3, 5])[1] == [5, [1.0, 1.0, 0.5, 0.5, 0.5, 0.5]]
+    assert synthetic_data.accuracy_by_index(pred, targets, [5, 3, 5])[1] == [5, [1.0, 1.0, 0.5, 0.5, 0.5, 0.5]]
 
 
 @pytest.mark.parametrize("task", ["copy", "reverse"])
@@ -278,20 +278,20 @@ def test_match_by_source_offset_finds_a_read_shifted_along_x(task):
     """Distinct symbols: a correct answer reads every token at delta 0; a reverse that believes the
     input is 3 long when it is 5 reads its first three tokens at delta 3 - 5 = -2."""
     xs = [np.arange(4, 9, dtype=np.int32)]
-    batch = synthetic.decoder_only_batch(task, xs, 5)
+    batch = synthetic_data.decoder_only_batch(task, xs, 5)
     inputs, targets = batch["inputs"], batch["targets"]
     correct = np.where(targets != IGNORE_INDEX, targets, 0)
-    assert synthetic.match_by_source_offset(task, correct, inputs, [5]) == [[5, [0.0] * 4 + [1.0] + [0.0] * 4]]
+    assert synthetic_data.match_by_source_offset(task, correct, inputs, [5]) == [[5, [0.0] * 4 + [1.0] + [0.0] * 4]]
     if task == "reverse":
         believes_3 = np.zeros_like(correct)
         believes_3[0, 5 + np.arange(1, 4)] = inputs[0, 3 + 1 - np.arange(1, 4)]  # y_i := x_(3 + 1 - i)
-        shares = synthetic.match_by_source_offset(task, believes_3, inputs, [5])[0][1]
+        shares = synthetic_data.match_by_source_offset(task, believes_3, inputs, [5])[0][1]
         assert shares[-2 + 4] == pytest.approx(3 / 5) and sum(shares) == pytest.approx(3 / 5)
 
 
 def prefix_hash_model(tokens_BT):
     """A causal hand model: the prediction at t is a fixed hash of tokens[: t + 1] onto {symbol 4, symbol 5, EOS}."""
-    choices = np.array([4, 5, synthetic.EOS])
+    choices = np.array([4, 5, synthetic_data.EOS])
     weights = np.arange(1, tokens_BT.shape[1] + 1) * 7 + 3
     h_BT = np.cumsum(np.asarray(tokens_BT) * weights[None, :], axis=1) % 3
     return np.eye(6)[choices[h_BT]]
@@ -299,15 +299,15 @@ def prefix_hash_model(tokens_BT):
 
 def test_teacher_forced_exact_match_equals_greedy_decoding():
     """The module's claim: all argmaxes right under teacher forcing <=> greedy decoding reproduces y EOS."""
-    xs = synthetic.sample_inputs(np.random.default_rng(0), 200, 1, 3, 2)
-    batch = synthetic.decoder_only_batch("copy", xs, 3)
-    exact, _ = synthetic.exact_match(np.argmax(prefix_hash_model(batch["inputs"]), -1), batch["targets"])
+    xs = synthetic_data.sample_inputs(np.random.default_rng(0), 200, 1, 3, 2)
+    batch = synthetic_data.decoder_only_batch("copy", xs, 3)
+    exact, _ = synthetic_data.exact_match(np.argmax(prefix_hash_model(batch["inputs"]), -1), batch["targets"])
     width = batch["inputs"].shape[1]
     for i, x in enumerate(xs):  # greedy decoding, one full (right-padded, causal) forward per token
-        seq = [synthetic.BOS, *x.tolist(), synthetic.SEP]
-        want = [*x.tolist(), synthetic.EOS]
+        seq = [synthetic_data.BOS, *x.tolist(), synthetic_data.SEP]
+        want = [*x.tolist(), synthetic_data.EOS]
         for _ in want:
-            row = np.full((1, width), synthetic.PAD, np.int32)
+            row = np.full((1, width), synthetic_data.PAD, np.int32)
             row[0, : len(seq)] = seq
             seq.append(int(np.argmax(prefix_hash_model(row)[0, len(seq) - 1])))
         assert (seq[len(x) + 2:] == want) == bool(exact[i])
@@ -365,7 +365,7 @@ def test_an_unreached_target_trains_the_whole_budget_and_says_so(family):
 
 def test_exact_by_length_groups_examples_by_input_length():
     exact = np.array([True, False, True, True, False])
-    assert synthetic.exact_by_length(exact, [3, 3, 5, 4, 5]) == [[3, 0.5, 2], [4, 1.0, 1], [5, 0.5, 2]]
+    assert synthetic_data.exact_by_length(exact, [3, 3, 5, 4, 5]) == [[3, 0.5, 2], [4, 1.0, 1], [5, 0.5, 2]]
 
 
 def test_synthetic_table_counts_seeds_at_the_target():

@@ -2,7 +2,8 @@
 
 - `length`: length extrapolation of a character-level GPT across position encodings,
   bits per character with non-overlapping and sliding windows (scored by `windows`).
-- `synthetic`: copy and reverse (Kazemnejad et al. 2023), decoder-only and encoder-decoder.
+- `synthetic`: copy and reverse (Kazemnejad et al. 2023), decoder-only and encoder-decoder;
+  `synthetic_data` holds their rows and the read-outs of a model's answers.
 - `randomized`: Ruoss et al.'s algorithmic tasks with and without randomized positions.
 - `mask_rate`: BERT MLM and T5 span corruption trained at several masking rates.
 - `memory`: training memory against sequence length, XLA's plan beside `txjax.cost`'s model.
