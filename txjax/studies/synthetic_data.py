@@ -4,7 +4,8 @@ Ids: 0 PAD, 1 BOS, 2 SEP, 3 EOS, then the symbols. The decoder-only row is `[pre
 scored on `y EOS`; the encoder-decoder one encodes `x EOS` and decodes `PAD y` (PAD is T5's start
 token) against `y EOS`. Rows are right-padded, which a causal model never sees and T5's encoder masks.
 The read-outs take argmax predictions under teacher forcing: exact match and, to locate a failure,
-accuracy per answer token and where along the input a prediction was read from.
+accuracy per answer token and where along the input a prediction was read from. The per-token
+profiles are stored to 4 decimals (shares of at most a few thousand tokens).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def match_by_distance(pred_BT: np.ndarray, inputs_BT: np.ndarray, targets_BT: np
         rows = lengths == n
         pred, inputs, targets = pred_BT[rows], inputs_BT[rows], targets_BT[rows]
         scored = (targets != IGNORE_INDEX) & (targets != EOS)
-        out.append([int(n), [float(((pred[:, d:] == inputs[:, :-d]) & scored[:, d:]).sum() / scored.sum())
+        out.append([int(n), [_share(((pred[:, d:] == inputs[:, :-d]) & scored[:, d:]).sum() / scored.sum())
                              for d in range(1, 2 * int(n) + 2)]])
     return out
 
@@ -113,7 +114,7 @@ def match_by_source_offset(task: str, pred_BT: np.ndarray, inputs_BT: np.ndarray
         for delta in range(1 - n, n):
             j = source + delta
             ok = (j >= 1) & (j <= n)
-            shares.append(float((pred[:, query[ok]] == inputs[:, j[ok]]).sum() / (len(pred) * n)))
+            shares.append(_share((pred[:, query[ok]] == inputs[:, j[ok]]).sum() / (len(pred) * n)))
         out.append([n, shares])
     return out
 
@@ -131,7 +132,7 @@ def accuracy_by_index(pred_BT: np.ndarray, targets_BT: np.ndarray, lengths: list
         pred, targets = pred_BT[rows], targets_BT[rows]
         scored = targets != IGNORE_INDEX  # n + 1 positions in every row of this length
         right = (pred[scored] == targets[scored]).reshape(int(rows.sum()), int(n) + 1)
-        out.append([int(n), right.mean(0).tolist()])
+        out.append([int(n), [_share(a) for a in right.mean(0)]])
     return out
 
 
@@ -139,3 +140,7 @@ def exact_by_length(exact: np.ndarray, lengths: list[int]) -> list[list]:
     """[[length, exact match, examples], ...] per input length, as Kazemnejad et al.'s Figure 3 plots it."""
     lengths = np.asarray(lengths)
     return [[int(k), float(exact[lengths == k].mean()), int((lengths == k).sum())] for k in np.unique(lengths)]
+
+
+def _share(x) -> float:
+    return round(float(x), 4)
