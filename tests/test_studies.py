@@ -221,12 +221,15 @@ def test_a_prefix_is_attended_but_not_scored():
     """The same row after a 2-token prefix, in a batch 3 wider: the targets move with it, unchanged."""
     x = np.array([5, 6, 7], np.int32)
     plain = synthetic_data.decoder_only_batch("reverse", [x], max_len=4)
-    b = synthetic_data.decoder_only_batch("reverse", [x], max_len=4, prefixes=[np.array([9, 8], np.int32)], prefix_max=3)
+    b = synthetic_data.decoder_only_batch("reverse", [x], max_len=4, prefixes=[np.array([9, 8], np.int32)],
+                                          prefix_max=3)
     B, S, E, P, I = synthetic_data.BOS, synthetic_data.SEP, synthetic_data.EOS, synthetic_data.PAD, IGNORE_INDEX
     np.testing.assert_array_equal(b["inputs"][0], [9, 8, B, 5, 6, 7, S, 7, 6, 5, E, P, P])
     np.testing.assert_array_equal(b["targets"][0], [I, I, *plain["targets"][0], I])
     with pytest.raises(ValueError):
         synthetic_data.decoder_only_batch("copy", [x], max_len=4, prefixes=[np.arange(4, 8)], prefix_max=3)
+    with pytest.raises(ValueError, match="decoder-only"):  # T5 rows have no prefix: refused, not ignored
+        synthetic.SyntheticConfig(families="gpt,t5", prefix_max=3)
 
 
 def test_encoder_decoder_batch_layout():
@@ -348,8 +351,8 @@ def test_an_unreached_target_trains_the_whole_budget_and_says_so(family):
     unchecked = synthetic.run_one(family, "reverse", "rope", 0, dataclasses.replace(study, check_every=0),
                                   tiny_train(5), {})
     if family == "gpt":  # a learned table grows to hold the prefixed training rows; test rows have none
-        prefixed = synthetic.run_one(family, "reverse", "learned", 0, dataclasses.replace(study, prefix_max=4),
-                                     tiny_train(3), {})
+        prefixed_study = dataclasses.replace(study, families="gpt", prefix_max=4)
+        prefixed = synthetic.run_one(family, "reverse", "learned", 0, prefixed_study, tiny_train(3), {})
         assert prefixed["steps"] == 3 and 0.0 <= prefixed["in_token_acc"] <= 1.0
     assert (unchecked["steps"], unchecked["check_curve"], unchecked["steps_to_target"]) == (5, [], None)
     for split, (lo, hi) in (("in", (study.train_min, study.train_max)), ("out", (study.test_min, study.test_max))):

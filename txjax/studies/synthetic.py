@@ -86,7 +86,7 @@ class SyntheticConfig:
     sinusoidal_scale: bool = True  # sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings)
     num_buckets: int = 32  # T5 bias runs: relative-position buckets (the first half exact, then log-spaced)
     max_distance: int = 128  # T5 bias runs: offsets from here on share the last bucket
-    prefix_max: int = 0  # decoder-only training rows start with 0..prefix_max random symbols (attended, unscored), so a query sees a varying number of keys; checks and tests have none
+    prefix_max: int = 0  # gpt only: training rows start with 0..prefix_max random symbols (attended, unscored), so a query sees a varying number of keys; checks and tests have none
 
     def __post_init__(self):
         for name, allowed in (("tasks", TASKS), ("families", FAMILIES), ("positions", POSITIONS)):
@@ -99,6 +99,8 @@ class SyntheticConfig:
             raise ValueError("num_symbols >= 2, seeds >= 1, eval_examples >= 1 and check_examples >= 1 are required")
         if self.check_every < 0 or not 0.0 < self.target_exact <= 1.0 or self.prefix_max < 0:
             raise ValueError("check_every >= 0, 0 < target_exact <= 1 and prefix_max >= 0 are required")
+        if self.prefix_max and parse_list(self.families) != ("gpt",):
+            raise ValueError("prefix_max applies to decoder-only rows: use it with families='gpt'")
 
     @property
     def vocab_size(self) -> int:
