@@ -151,7 +151,7 @@ def run_one(family: str, task: str, position: str, seed: int, study: SyntheticCo
     def batch_fn(step):
         rng = np.random.default_rng([seed, step, TASKS.index(task)])
         xs = sample_inputs(rng, train_cfg.batch_size, study.train_min, study.train_max, study.num_symbols)
-        if family == "gpt" and study.prefix_max:
+        if study.prefix_max:  # SyntheticConfig allows it with families="gpt" only
             prefixes = sample_inputs(rng, len(xs), 0, study.prefix_max, study.num_symbols)
             return decoder_only_batch(task, xs, study.train_max, prefixes, study.prefix_max)
         return batcher(task, xs, study.train_max)

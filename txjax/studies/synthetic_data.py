@@ -17,6 +17,8 @@ from txjax.data import IGNORE_INDEX
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 NUM_SPECIAL = 4
 TASKS = ("copy", "reverse")
+
+
 def task_output(task: str, x: np.ndarray) -> np.ndarray:
     """The target sequence for input x."""
     if task == "copy":
@@ -88,14 +90,11 @@ def match_by_distance(pred_BT: np.ndarray, inputs_BT: np.ndarray, targets_BT: np
     """Decoder-only, per input length n: [n, [share at d = 1..2n+1]], the share of predicted answer
     tokens (EOS aside) equal to the token d positions before the query. A correct copy reads
     d = n; a model that copies from the offsets it was trained on peaks there instead."""
-    lengths = np.asarray(lengths)
     out = []
-    for n in np.unique(lengths):
-        rows = lengths == n
-        pred, inputs, targets = pred_BT[rows], inputs_BT[rows], targets_BT[rows]
+    for n, pred, inputs, targets in _per_length(lengths, pred_BT, inputs_BT, targets_BT):
         scored = (targets != IGNORE_INDEX) & (targets != EOS)
-        out.append([int(n), [_share(((pred[:, d:] == inputs[:, :-d]) & scored[:, d:]).sum() / scored.sum())
-                             for d in range(1, 2 * int(n) + 2)]])
+        out.append([n, [_share(((pred[:, d:] == inputs[:, :-d]) & scored[:, d:]).sum() / scored.sum())
+                        for d in range(1, 2 * n + 2)]])
     return out
 
 
@@ -104,10 +103,8 @@ def match_by_source_offset(task: str, pred_BT: np.ndarray, inputs_BT: np.ndarray
     share of predicted answer tokens (EOS aside) equal to x_(j + delta), where x_j is the right
     source (copy: j = i, reverse: j = n + 1 - i). A model that reads relative to the start of x with
     a length it believes to be n' reverses from delta = n' - n."""
-    lengths = np.asarray(lengths)
     out = []
-    for n in (int(k) for k in np.unique(lengths)):
-        pred, inputs = pred_BT[lengths == n], inputs_BT[lengths == n]
+    for n, pred, inputs in _per_length(lengths, pred_BT, inputs_BT):
         i = np.arange(1, n + 1)
         query, source = n + i, (i if task == "copy" else n + 1 - i)  # x_j sits at position j, after BOS
         shares = []
@@ -125,21 +122,24 @@ def accuracy_by_index(pred_BT: np.ndarray, targets_BT: np.ndarray, lengths: list
     Where in a longer answer a model goes wrong. A decoder-only reverse reads token i from distance
     2i - 1 whatever n is, so a model that reads by distance alone gets the tokens whose distance it
     was trained on right at every length."""
-    lengths = np.asarray(lengths)
     out = []
-    for n in np.unique(lengths):
-        rows = lengths == n
-        pred, targets = pred_BT[rows], targets_BT[rows]
+    for n, pred, targets in _per_length(lengths, pred_BT, targets_BT):
         scored = targets != IGNORE_INDEX  # n + 1 positions in every row of this length
-        right = (pred[scored] == targets[scored]).reshape(int(rows.sum()), int(n) + 1)
-        out.append([int(n), [_share(a) for a in right.mean(0)]])
+        right = (pred[scored] == targets[scored]).reshape(len(pred), n + 1)
+        out.append([n, [_share(a) for a in right.mean(0)]])
     return out
 
 
 def exact_by_length(exact: np.ndarray, lengths: list[int]) -> list[list]:
     """[[length, exact match, examples], ...] per input length, as Kazemnejad et al.'s Figure 3 plots it."""
+    return [[n, float(e.mean()), len(e)] for n, e in _per_length(lengths, exact)]
+
+
+def _per_length(lengths: list[int], *arrays: np.ndarray):
+    """(n, each array's rows whose input length is n), for each length present, shortest first."""
     lengths = np.asarray(lengths)
-    return [[int(k), float(exact[lengths == k].mean()), int((lengths == k).sum())] for k in np.unique(lengths)]
+    for n in np.unique(lengths):
+        yield (int(n), *(a[lengths == n] for a in arrays))
 
 
 def _share(x) -> float:
