@@ -248,7 +248,9 @@ def random_positions(key: jax.Array, batch: int, length: int, max_position: int,
     """
     if length > max_position:
         raise ValueError(f"random_positions: {length} tokens need max_position >= {length}, got {max_position}")
-    ranks_BT = jnp.argsort(jax.random.uniform(key, (batch, max_position)), axis=-1)[:, :length]
+    # The indices of the `length` smallest of max_position uniform draws, smallest first: argsort's
+    # first `length` (top_k keeps its tie order, lower index first) without sorting all of them.
+    ranks_BT = jax.lax.top_k(-jax.random.uniform(key, (batch, max_position)), length)[1]
     if lengths_B is None:
         return jnp.sort(ranks_BT, axis=-1).astype(jnp.int32)
     # The first k entries of a random permutation are a uniform k-subset; the rest sort after them.
