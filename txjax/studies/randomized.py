@@ -11,9 +11,11 @@ operators + - *, an odd number of tokens: an even length drops its last token). 
 positions are a sorted random subset of [0, max_position) drawn in training and evaluation
 alike, as their code does.
 
-Unlike their code, every batch is padded to one width per task (so XLA compiles one step per
-task, not one per length) with the pads masked and each row's random positions drawn as if
-unpadded (`txjax.ops.random_positions` with lengths); positions are drawn per row, not one set
+Unlike their code, every batch is padded (so XLA compiles one step per padded width, not one per
+length) with the pads masked and each row's random positions drawn as if unpadded
+(`txjax.ops.random_positions` with lengths): to the task's widest training row, or, with
+`train_width_multiple` k, to the next multiple of k: the same logits up to float rounding on fewer
+pads (dropout's masks, drawn per padded shape, differ). Positions are drawn per row, not one set
 per batch; the loss is the mean over output tokens, not their sum per sequence.
 """
 
@@ -75,6 +77,7 @@ class RandomizedConfig:
     d_ff: int = 256
     dropout: float = 0.1
     learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
+    train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
     def __post_init__(self):
@@ -84,8 +87,8 @@ class RandomizedConfig:
                 raise ValueError(f"{name} must be a comma list from {allowed}, got {getattr(self, name)!r}")
         if not 1 <= self.train_max < self.test_max or self.test_step < 1:
             raise ValueError("need 1 <= train_max < test_max and test_step >= 1")
-        if self.seeds < 1 or self.eval_examples < 1:
-            raise ValueError("seeds >= 1 and eval_examples >= 1 are required")
+        if self.seeds < 1 or self.eval_examples < 1 or self.train_width_multiple < 0:
+            raise ValueError("seeds >= 1, eval_examples >= 1 and train_width_multiple >= 0 are required")
         widest = max(width(t, self.test_max) for t in parse_list(self.tasks))
         if self.max_position < widest:
             raise ValueError(f"max_position={self.max_position} is below the widest test row ({widest} tokens)")
@@ -160,6 +163,13 @@ def encode(x: np.ndarray, y: np.ndarray, row_width: int) -> dict[str, np.ndarray
     return {"inputs": inputs, "targets": targets}
 
 
+def train_width(task: str, length: int, study: RandomizedConfig) -> int:
+    """The padded width of a training batch of `length`-token inputs: the task's widest training
+    row, or the next multiple of `train_width_multiple` up to it (one compile per width used)."""
+    widest, k = width(task, study.train_max), study.train_width_multiple
+    return min(widest, -(-width(task, length) // k) * k) if k else widest
+
+
 def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig:
     """The encoder of a variant; a plain learned table holds the task's widest training row."""
     position, randomized = variant.removesuffix(RANDOM_SUFFIX), variant.endswith(RANDOM_SUFFIX)
@@ -191,19 +201,18 @@ def run_one(task: str, variant: str, seed: int, study: RandomizedConfig, train_c
         cache[cfg] = (stepper, jax.jit(lambda p, x, key, stepper=stepper: nnx.merge(
             stepper.eval_graphdef, p, fresh_rngs(stepper.rest, key))(x)))
     stepper, logits_fn = cache[cfg]
-    train_width = width(task, study.train_max)
 
     def batch_fn(step):
         rng = np.random.default_rng([seed, step, TASKS.index(task)])
         length = int(rng.integers(1, study.train_max + 1))
-        return encode(*sample_task(task, rng, train_cfg.batch_size, length), train_width)
+        return encode(*sample_task(task, rng, train_cfg.batch_size, length), train_width(task, length, study))
 
     t0 = time.time()
     state, summary = fit(stepper, stepper.init_state(init_params(Bert, cfg, seed)),
                          map(batch_fn, itertools.count()), key=jax.random.key(seed))
     t_train = time.time() - t0
     # The same examples for every variant and seed; one padded width per split.
-    scored = [(n, train_width) for n in range(1, study.train_max + 1)]
+    scored = [(n, width(task, study.train_max)) for n in range(1, study.train_max + 1)]
     scored += [(n, width(task, study.test_max)) for n in study.test_lengths]
     accuracy = {}
     for n, row_width in scored:
