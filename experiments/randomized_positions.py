@@ -34,7 +34,7 @@ PRESETS = {
     # 100, on the three tasks with the shortest rows and two encodings. Its 36 runs took 65
     # core-minutes on an idle 2-core AVX2 machine (2026-12-04; docs/results/README.md, "How they
     # were run"). Training rows are padded to the widest, as the committed runs were;
-    # --train_width_multiple 8 trains a reverse_string run 1.9x faster (the same README).
+    # --train_width_multiple 8 trains its reverse_string parts 1.6-1.7x faster (the same README).
     "cpu": {
         "train": TrainConfig(steps=2_000, batch_size=32, **PAPER_OPTIMIZER),
         "study": RandomizedConfig(tasks="reverse_string,parity_check,modular_arithmetic",
