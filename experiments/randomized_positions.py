@@ -31,14 +31,14 @@ PRESETS = {
                                   out_dir="runs/randomized_positions"),
     },
     # 2 idle CPU cores: the same model on a quarter of the batch and a fifth of the steps, tested to
-    # 100, on the three tasks with the shortest rows and two encodings. Its 36 runs took 65
-    # core-minutes on an idle 2-core AVX2 machine (2026-12-04; docs/results/README.md, "How they
-    # were run"). Training rows are padded to the widest, as the committed runs were;
-    # --train_width_multiple 8 trains its reverse_string parts 1.6-1.7x faster (the same README).
+    # 100, on the three tasks with the shortest rows and two encodings; training rows padded to
+    # multiples of 8. Its 36 runs took 64 core-minutes (32 min on two cores) on an idle 2-core AMX
+    # Xeon (2026-12-05; docs/results/README.md, "How they were run"). The committed
+    # docs/results/randomized_positions/ table padded every row to the widest: --train_width_multiple 0.
     "cpu": {
         "train": TrainConfig(steps=2_000, batch_size=32, **PAPER_OPTIMIZER),
         "study": RandomizedConfig(tasks="reverse_string,parity_check,modular_arithmetic",
-                                  positions="rope,sinusoidal"),
+                                  positions="rope,sinusoidal", train_width_multiple=8),
     },
 }
 

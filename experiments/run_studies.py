@@ -23,20 +23,22 @@ from txjax.studies.schedule import run_parts
 
 HERE = Path(__file__).resolve().parent
 
-# (study, extra arguments), longest first by the core-seconds measured on 2026-12-04 (in brackets;
-# docs/results/README.md, "How they were run"): parts start in this order, so the workers end
-# close together. Their sum, ~275 core-minutes, is ~2.3 h on two cores.
+# (study, extra arguments), longest first by the core-seconds measured on 2026-12-04 on an AVX2
+# machine (in brackets; docs/results/README.md, "How they were run"): parts start in this order, so
+# the workers end close together. The randomized parts pad rows to multiples of 8 since 2026-12-05
+# (the second number: their core-seconds so, on the slower AMX machine; ~37 core-minutes in all,
+# estimated for the AVX2 one). The sum, ~250 core-minutes there, is ~2.1 h on two cores.
 PARTS = [
     ("mask_rate", "--families t5"),  # 2,679
     ("synthetic_tasks", "--families gpt"),  # 2,084
     ("synthetic_tasks", "--families t5"),  # 2,027
     ("mask_rate", "--families bert"),  # 1,747
     ("length_extrapolation", "--positions none,fire,kerple"),  # 1,170
-    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions rope"),  # 1,037
-    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions sinusoidal"),  # 1,030
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions rope"),  # 1,037; 981
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions sinusoidal"),  # 1,030; 936
     ("length_extrapolation", "--positions rope"),  # 1,006: with rope+random and the three scalings
-    ("randomized_positions", "--tasks reverse_string --positions rope"),  # 934
-    ("randomized_positions", "--tasks reverse_string --positions sinusoidal"),  # 923
+    ("randomized_positions", "--tasks reverse_string --positions rope"),  # 934; 956
+    ("randomized_positions", "--tasks reverse_string --positions sinusoidal"),  # 923; 942
     ("length_extrapolation", "--positions t5,alibi"),  # 751
     ("length_extrapolation", "--positions learned,sinusoidal"),  # 701
     ("length_extrapolation", "--positions xpos"),  # 398

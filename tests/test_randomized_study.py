@@ -197,8 +197,8 @@ def test_the_script_parses_its_presets_and_flags():
     assert cfg["train"].steps == 5 and cfg["train"].learning_rate == 1e-3 and cfg["train"].min_lr_ratio == 1.0
     _, default = parse_configs(script.make_parser, script.PRESETS, ["--preset", "default"], "cpu")
     assert (default["train"].batch_size, default["train"].steps, default["study"].test_max) == (128, 10_000, 500)
-    # the cpu preset pads as its committed runs did; the accelerator one (not yet run) to multiples of 8
-    assert (cfg["study"].train_width_multiple, default["study"].train_width_multiple) == (0, 8)
+    # both pad training rows to multiples of 8 (docs/results: the same results as the widest padding)
+    assert (cfg["study"].train_width_multiple, default["study"].train_width_multiple) == (8, 8)
 
 
 def test_the_scripts_optimizer_is_the_papers_clipped_adam():
