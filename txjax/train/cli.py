@@ -69,6 +69,11 @@ def _converter(annotation: Any):
     return parse
 
 
+def _help(text: str) -> str:
+    """Help text as argparse takes it: it %-formats help, so a literal % (a "15% task") is doubled."""
+    return text.replace("%", "%%")
+
+
 def _refuse(flag: str, why: str):
     def parse(value: str):
         raise argparse.ArgumentTypeError(f"{flag} cannot be given here: {why}")
@@ -93,7 +98,7 @@ def add_config_flags(parser: argparse.ArgumentParser, config: Any, title: str, d
         if f.name in fixed:
             group.add_argument(f"--{f.name}", dest=f"{dest_prefix}.{f.name}", default=argparse.SUPPRESS,
                                type=_refuse(f"--{f.name}", fixed[f.name]), metavar="(refused)",
-                               help=f"set by the run: {fixed[f.name]}")
+                               help=_help(f"set by the run: {fixed[f.name]}"))
             continue
         group.add_argument(
             f"--{f.name}",
@@ -101,7 +106,7 @@ def add_config_flags(parser: argparse.ArgumentParser, config: Any, title: str, d
             type=_converter(hints[f.name]),
             default=argparse.SUPPRESS,
             metavar=str(hints[f.name]).replace(" ", "").upper(),
-            help=f"{docs.get(f.name, f.name.replace('_', ' '))} (default: {default!r})",
+            help=_help(f"{docs.get(f.name, f.name.replace('_', ' '))} (default: {default!r})"),
         )
 
 
