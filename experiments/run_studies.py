@@ -25,9 +25,10 @@ HERE = Path(__file__).resolve().parent
 
 # (study, extra arguments), longest first by the core-seconds measured on 2026-12-04 on an AVX2
 # machine (in brackets; docs/results/README.md, "How they were run"): parts start in this order, so
-# the workers end close together. The randomized parts pad rows to multiples of 8 since 2026-12-05
-# (the second number: their core-seconds so, on the slower AMX machine; ~37 core-minutes in all,
-# estimated for the AVX2 one). The sum, ~250 core-minutes there, is ~2.1 h on two cores.
+# the workers end close together. The randomized parts pad rows to multiples of 8 since 2026-12-05;
+# their second number is the core-seconds of that padding on the slower AMX machine (~37
+# core-minutes in all, estimated for the AVX2 one). The sum, ~250 core-minutes there, is ~2.1 h on
+# two cores.
 PARTS = [
     ("mask_rate", "--families t5"),  # 2,679
     ("synthetic_tasks", "--families gpt"),  # 2,084
