@@ -30,7 +30,7 @@ config = bench.config_from_args(bench.parse_args(
 stepper = Stepper(bench.build_model(config), LOSSES["gpt"],
                   TrainConfig(batch_size=16, steps=100, warmup_steps=1, progress=False))
 state, batch, key = stepper.init_state(), bench.make_batch(config, 16, 128), jax.random.key(0)
-temp = stepper.train_step.lower(state, batch, key).compile().memory_analysis().temp_size_in_bytes
+temp = stepper.step_leaves.lower(stepper.leaves(state), batch, key).compile().memory_analysis().temp_size_in_bytes
 faults = []
 for _ in range(9):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -263,6 +263,26 @@ def test_fit_without_a_run_folder_follows_the_same_trajectory(tmp_path):
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(state2.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
+
+def test_fit_over_leaves_matches_train_step_bit_for_bit():
+    """fit keeps the state as leaves between steps (Stepper.step_leaves): the same program as
+    train_step, so the same parameters, optimizer state and step count to the last bit."""
+    cfg = TrainConfig(batch_size=8, warmup_steps=1, steps=5, progress=False)
+    rows = [shift(random_rows(8, seed=i)) for i in range(cfg.steps)]
+    stepper = Stepper(tiny_model(dropout=0.1), gpt_loss, cfg)
+    state, summary = fit(stepper, stepper.init_state(), iter(rows), key=jax.random.key(4))
+    stepper2 = Stepper(tiny_model(dropout=0.1), gpt_loss, cfg)
+    state2 = stepper2.init_state()
+    for batch in rows:
+        state2, metrics = stepper2.train_step(state2, batch, jax.random.key(4))
+    assert isinstance(state.params, nnx.State) and int(state.step) == int(state2.step) == cfg.steps
+    assert summary["train_loss"] == float(metrics["loss"])
+    assert jax.tree.structure(state) == jax.tree.structure(state2)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(state2)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="not this stepper's"):
+        stepper.train_step(state._replace(params={"w": jnp.zeros(3)}), rows[0], jax.random.key(4))
+
 def _run(tmp_path, name, cfg, stop_at=None, loss_fn=gpt_loss, batches=None, model=None):
     if batches is None:
         batches = BatchIterator(random_rows(48), cfg.batch_size, seed=cfg.seed, transform=shift)

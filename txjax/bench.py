@@ -2,9 +2,10 @@
 
 `python -m txjax.bench --arch gpt --vocab 17 --seq 197 --d-model 128 --heads 4 --layers 4 --d-ff 512 --batch 32`
 
-The step timed is `txjax.train.steps.Stepper.train_step` — the jitted, donated
-AdamW + warmup/cosine + clipping step users train with. We compile it, run warm-up
-steps, then time N steps one by one (each waits for its result) and take the median.
+The step timed is `txjax.train.steps.Stepper.step_leaves` — the jitted, donated
+AdamW + warmup/cosine + clipping step users train with, called as `fit` calls it. We
+compile it, run warm-up steps, then time N steps one by one (each waits for its result)
+and take the median.
 Model FLOPs per step come from `txjax.cost.train_flops` (3× the forward matmuls of
 the notes); the peak is measured in the same run by timing the model's own dense
 matmul shapes, forward and backward, on the same backend: after every timed step a
@@ -124,16 +125,16 @@ def bench_train(config: TransformerConfig, bench: BenchConfig, execution: Execut
     train_cfg = TrainConfig(batch_size=bench.batch, steps=max(bench.steps + bench.warmup, 1),
                             warmup_steps=1, progress=False)
     stepper = Stepper(model, LOSSES[config.family], train_cfg)
-    state = stepper.init_state()
+    leaves = stepper.leaves(stepper.init_state())
     batch = make_batch(config, bench.batch, bench.seq, bench.seed)
     key = jax.random.key(bench.seed)
 
     start = time.perf_counter()
-    state, metrics = stepper.train_step(state, batch, key)
+    leaves, metrics = stepper.step_leaves(leaves, batch, key)
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - start
     for _ in range(bench.warmup):
-        state, metrics = stepper.train_step(state, batch, key)
+        leaves, metrics = stepper.step_leaves(leaves, batch, key)
     jax.block_until_ready(metrics)
     timers = matmul_timers(dense_matmul_shapes(config, bench.batch, bench.seq), dtype, bench.seed)
     # Steps and peak matmuls alternate, so both see the same machine load (others share
@@ -141,7 +142,7 @@ def bench_train(config: TransformerConfig, bench: BenchConfig, execution: Execut
     times, matmul_times, cold_times = [], {name: [] for name in timers}, {name: [] for name in timers}
     for _ in range(bench.steps):
         start = time.perf_counter()
-        state, metrics = stepper.train_step(state, batch, key)
+        leaves, metrics = stepper.step_leaves(leaves, batch, key)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
         for name, (f, a, b, _) in timers.items():
@@ -321,7 +322,7 @@ def train_step_memory(config: TransformerConfig, batch: int, seq: int, dtype: st
     state = jax.eval_shape(stepper.init_state)
     data = jax.eval_shape(lambda: make_batch(config, batch, seq))
     key = jax.eval_shape(lambda: jax.random.key(0))
-    stats = stepper.train_step.lower(state, data, key).compile().memory_analysis()
+    stats = stepper.step_leaves.lower(stepper.leaves(state), data, key).compile().memory_analysis()
     out = {
         "arguments": stats.argument_size_in_bytes,
         "outputs": stats.output_size_in_bytes,

@@ -3,7 +3,8 @@
 - `TrainConfig`: every training setting, one commented field each.
 - `make_optimizer`, `make_schedule`, `decay_mask`: AdamW, warmup + cosine, clipping; decay on kernels only.
 - `Stepper`: splits a model once and jits `train_step(state, batch, key)` (state donated,
-  gradient accumulation) and `eval_step(params, batch)`; `gpt_loss`, `bert_loss`, `t5_loss`.
+  gradient accumulation; `step_leaves` is the same step over the state's leaves, which `fit`
+  keeps) and `eval_step(params, batch)`; `gpt_loss`, `bert_loss`, `t5_loss`.
 - `fit`: the loop (metrics one step late, tqdm, metrics.jsonl, checkpoints, NaN stop);
   `train_run`: run folder + resume-or-start + fit.
 - `Checkpointer`: Orbax checkpoints of the state plus JSON metadata (data position, configs, tokenizer).

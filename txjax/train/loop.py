@@ -183,12 +183,13 @@ def fit(
             bar.set_postfix(loss=f"{m['loss']:.4f}", tok_s=f"{m['tokens_per_s']:.0f}", refresh=False)
 
     def save(step_no: int) -> None:
+        state = current()
         if not all_finite(state.params):
             raise NonFiniteLoss(f"step {step_no}: parameters are not finite; checkpoint not written")
         checkpointer.save(step_no, state, {**meta, "step": step_no, "data": batches.state.to_dict()})
 
     def evaluate(step_no: int) -> dict:
-        result = eval_fn(stepper.eval_params(state))
+        result = eval_fn(stepper.eval_params(current()))
         write_row({"step": step_no, "split": "eval", **result})
         line = f"step {step_no}: " + ", ".join(f"eval {k} {v:.4g}" for k, v in result.items()
                                                if isinstance(v, float))
@@ -203,12 +204,19 @@ def fit(
         try:
             if pending is not None:
                 handle(*pending)
+            state = current()
             if not all_finite(state.params):
                 raise NonFiniteLoss("parameters are not finite")
             checkpointer.save(done_step, state, {**meta, "step": done_step, "data": data})
             log(f"interrupted: saved step {done_step} in {checkpointer.directory}")
         except Exception as e:  # e.g. buffers donated to a step that never ran
             log(f"interrupted at step {done_step}: no checkpoint written ({type(e).__name__}: {e})")
+
+    # The state travels between steps as its leaves (see Stepper.step_leaves); `current()` rebuilds it.
+    leaves = stepper.leaves(state)
+
+    def current() -> TrainState:
+        return jax.tree.unflatten(stepper.state_def, leaves)
 
     pending = None
     eval_result: dict = {}
@@ -217,7 +225,7 @@ def fit(
     try:
         for step_no in range(start_step + 1, end + 1):
             batch = next(batches)
-            state, metrics = stepper.train_step(state, batch, key)
+            leaves, metrics = stepper.step_leaves(leaves, batch, key)
             finished.update(step=step_no, data=None if checkpointer is None else batches.state.to_dict())
             if pending is not None:
                 handle(*pending)
@@ -255,4 +263,4 @@ def fit(
         "tokens_per_s": None if steady is None else clock["tokens_after_first"] / (done - clock["first_done"]),
         "eval": eval_result,
     }
-    return state, summary
+    return current(), summary

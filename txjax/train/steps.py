@@ -92,7 +92,10 @@ def fresh_rngs(rest, key: jax.Array):
 class Stepper:
     """Owns the split model, the optimizer and the two jitted steps.
 
-    `train_step(state, batch, key) -> (state, metrics)`: the state is donated. The batch
+    `train_step(state, batch, key) -> (state, metrics)`: the state is donated. `step_leaves` is
+    the same jitted step over the state's leaves (`jax.tree.leaves(state)`), which `fit` keeps
+    between steps: flattening nnx's state in Python costs ~1 ms a call, 3-4% of a small CPU
+    step (measured on the studies' models). The batch
     holds `batch_size` examples; with `grad_accum = A` they are cut into A micro-batches
     whose summed NLL gradients are divided by the total real-token count of all A, so the
     result equals one big batch. metrics: loss, accuracy, tokens, grad_norm, lr (device arrays).
@@ -114,8 +117,10 @@ class Stepper:
         self.schedule = make_schedule(cfg)
         self.layout = None if cfg.parallelism == "none" else Layout(
             make_mesh() if mesh is None else mesh, cfg.parallelism)
+        state_like = jax.eval_shape(lambda: TrainState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32)))
+        self.state_def = jax.tree.structure(state_like)
         if self.layout is None:
-            self.train_step = jax.jit(self._train_step, donate_argnums=(0,))
+            self.step_leaves = jax.jit(self._step_leaves, donate_argnums=(0,))
             self.eval_step = jax.jit(self._eval_step)
         else:
             if cfg.micro_batch_size % self.layout.size:
@@ -123,10 +128,25 @@ class Stepper:
                     f"batch_size / grad_accum = {cfg.micro_batch_size} examples cannot be split "
                     f"over {self.layout.size} devices"
                 )
-            state_like = jax.eval_shape(lambda: TrainState(
-                params, self.optimizer.init(params), jnp.zeros((), jnp.int32)))
-            self.train_step = self.layout.jit_train_step(self._train_step, state_like, cfg.batch_size)
+            self.step_leaves = self.layout.jit_train_step(self._step_leaves, jax.tree.leaves(state_like),
+                                                          cfg.batch_size)
             self.eval_step = self.layout.jit_eval_step(self._eval_step, params)
+
+    def train_step(self, state: TrainState, batch: Batch, key: jax.Array):
+        """(state, metrics) after one step; `step_leaves` on the state's leaves."""
+        leaves, metrics = self.step_leaves(self.leaves(state), batch, key)
+        return jax.tree.unflatten(self.state_def, leaves), metrics
+
+    def leaves(self, state: TrainState) -> list:
+        """The leaves `step_leaves` takes; raises if `state` is not this stepper's."""
+        leaves, treedef = jax.tree.flatten(state)
+        if treedef != self.state_def:
+            raise ValueError(f"train state of structure {treedef} is not this stepper's {self.state_def}")
+        return leaves
+
+    def _step_leaves(self, leaves: list, batch: Batch, key: jax.Array):
+        state, metrics = self._train_step(jax.tree.unflatten(self.state_def, leaves), batch, key)
+        return jax.tree.leaves(state), metrics
 
     def init_state(self, params=None) -> TrainState:
         params = self.init_params if params is None else params
