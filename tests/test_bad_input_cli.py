@@ -42,7 +42,7 @@ def test_a_garbled_hugging_face_config_is_one_line_naming_the_file(tmp_path):
 @pytest.mark.parametrize("script, flag", [("train_t5", "vocab_size"), ("train_bert", "pad_id"),
                                           ("train_t5", "decoder_start_id")])
 def test_a_flag_the_run_sets_from_its_tokenizer_is_refused_not_overridden(script, flag, capsys):
-    from test_experiments import load_script
+    from experiment_scripts import load_script
 
     with pytest.raises(SystemExit) as exit_info:
         load_script(script).main(["--preset", "cpu", f"--{flag}", "20"])

@@ -1,27 +1,17 @@
 """The experiment scripts: flags from dataclasses, bad input, and tiny end-to-end runs."""
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from experiment_scripts import load_script
 from txjax.train.cli import field_docs
 from txjax.tasks.mnist import MnistRunConfig, nats_to_bits_per_pixel, unigram_baseline
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "experiments") not in sys.path:  # the scripts import experiments/_local_data.py
-    sys.path.insert(0, str(ROOT / "experiments"))
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def parse(script, argv):

@@ -11,6 +11,7 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from experiment_scripts import load_script
 from txjax import Bert
 from txjax.data import IGNORE_INDEX
 from txjax.studies.randomized import (
@@ -182,15 +183,9 @@ def test_small_study_learns_writes_and_resumes(tmp_path):
 
 
 def test_the_script_parses_its_presets_and_flags():
-    import importlib.util
-    from pathlib import Path
-
     from txjax.train.cli import parse_configs
 
-    path = Path(__file__).resolve().parent.parent / "experiments" / "randomized_positions.py"
-    spec = importlib.util.spec_from_file_location("randomized_positions", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("randomized_positions")
     preset, cfg = parse_configs(script.make_parser, script.PRESETS,
                                 ["--tasks", "parity_check", "--positions", "alibi", "--seeds", "1", "--steps", "5"], "cpu")
     assert preset == "cpu" and cfg["study"].variants == ("alibi", "alibi+random")
@@ -204,17 +199,11 @@ def test_the_script_parses_its_presets_and_flags():
 def test_the_scripts_optimizer_is_the_papers_clipped_adam():
     """Ruoss et al.'s training.py: optax.chain(clip_by_global_norm(1), optax.adam(1e-3)), defaults
     otherwise (b2 0.999, not the 0.95 of TrainConfig); three updates agree to float rounding."""
-    import importlib.util
-    from pathlib import Path
-
     import optax
 
     from txjax.train.optim import make_optimizer
 
-    path = Path(__file__).resolve().parent.parent / "experiments" / "randomized_positions.py"
-    spec = importlib.util.spec_from_file_location("randomized_positions", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("randomized_positions")
     params = {"w": jnp.ones((3, 4)), "b": jnp.zeros(4)}
     ours = make_optimizer(script.PRESETS["cpu"]["train"], params)
     theirs = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))

@@ -90,7 +90,7 @@ def test_overwrite_empties_the_folder_only_once_it_is_claimed(tmp_path):
 
 def test_overwrite_with_a_missing_data_file_keeps_the_old_run(tmp_path, capsys):
     """--overwrite true empties the folder only after the inputs have loaded."""
-    from test_experiments import load_script
+    from experiment_scripts import load_script
 
     old = tmp_path / "g"
     old.mkdir()

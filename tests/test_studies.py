@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from experiment_scripts import load_script
 from txjax import GPT, Bert, GPTConfig, ops
 from txjax.config import BertConfig
 from txjax.data import IGNORE_INDEX
@@ -46,19 +47,6 @@ def test_mask_rate_heldout_task_is_fixed_at_15_percent():
     assert held_t5["enc_inputs"].shape[1] == 32 and held_t5_at(0.5)["enc_inputs"].shape[1] == 32
     assert loss_tokens(held_t5_at(0.5)) > 2 * loss_tokens(held_t5)
     assert loss_tokens(next(make_t5(0.5, 0, 8))) > 2 * loss_tokens(next(make_t5(0.15, 0, 8)))
-
-
-def load_script(name):
-    import importlib.util
-
-    sys.path.insert(0, str(ROOT / "experiments"))  # the scripts import experiments/_local_data.py
-    try:
-        spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), ROOT / "experiments" / name)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    return module
 
 
 def test_mask_rate_cpu_preset_is_the_recipe_of_the_bert_and_t5_presets():
