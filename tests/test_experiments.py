@@ -74,6 +74,25 @@ def test_presets_and_overrides():
     assert preset == "default" and cfg == gpt.PRESETS["default"]
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
+                                         if not p.stem.startswith("_")))
+def test_preset_accelerator_is_another_name_for_default(name):
+    """Every script with a `default` preset (the one sized for one accelerator) also takes
+    `--preset accelerator`, as issue 23 names it; a script without one refuses it."""
+    from txjax.train.cli import parse_configs
+
+    script = load_script(name)
+    presets = getattr(script, "PRESETS", {})
+    if "default" not in presets:
+        if "cpu" in presets:
+            with pytest.raises(SystemExit):
+                parse_configs(script.make_parser, presets, ["--preset", "accelerator"], "cpu")
+        return
+    alias = parse_configs(script.make_parser, presets, ["--preset", "accelerator", "--steps", "3"], "cpu")
+    named = parse_configs(script.make_parser, presets, ["--preset", "default", "--steps", "3"], "cpu")
+    assert alias == named and alias[0] == "default"
+
+
 @pytest.mark.parametrize("script", ["train_gpt", "train_bert", "train_t5"])
 def test_without_preset_the_backend_picks_it_and_the_first_line_says_why(script, monkeypatch):
     from txjax.train import experiment

@@ -17,6 +17,10 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+# Other names a preset answers to: the scripts' `default` preset is the one sized for one
+# accelerator (what a train script picks where JAX finds a GPU or TPU).
+PRESET_ALIASES = MappingProxyType({"accelerator": "default"})
+
 _FIELD_RE = re.compile(r"^\s+(\w+)\s*:\s*[^=#]+?(?:=\s*[^#]*)?#\s*(.+?)\s*$")
 
 
@@ -123,9 +127,11 @@ def build_parser(description: str, configs: dict[str, tuple[str, Any]], presets:
         which = (f"those of --preset {default_preset}" if default_preset is not None else
                  "those of the preset in effect: without --preset, cpu where JAX finds no accelerator, "
                  "else default")
-        parser.add_argument("--preset", choices=list(presets), default=default_preset,
+        aliases = {alias: name for alias, name in PRESET_ALIASES.items() if name in presets}
+        also = "".join(f"; {alias} is {name}" for alias, name in aliases.items())
+        parser.add_argument("--preset", choices=[*presets, *aliases], default=default_preset,
                             help=f"starting point for every flag below; the defaults shown are {which} "
-                                 "(try --preset NAME --help)")
+                                 f"(try --preset NAME --help){also}")
     seen: dict[str, str] = {}
     for prefix, (title, config) in configs.items():
         for f in dataclasses.fields(config):
@@ -178,9 +184,10 @@ def parse_configs(parser_fn, presets: dict[str, dict[str, Any]], argv: Sequence[
     """Parse argv: pick the preset, then apply the flags given on top of it.
 
     parser_fn(preset configs) -> parser; presets: name -> {prefix: config}.
-    Returns (preset name, {prefix: config}).
+    Returns (preset name, {prefix: config}); an alias (`--preset accelerator`) returns the name it stands for.
     """
     given = given_preset(argv)
+    given = PRESET_ALIASES.get(given, given)
     name = given if given in presets else default_preset
     parser = parser_fn(presets[name])
     args = parser.parse_args(argv)  # an unknown --preset is refused here, with the choices
