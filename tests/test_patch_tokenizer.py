@@ -1,15 +1,12 @@
 """The binary patch tokenizer of the MNIST model: sizes, the bit order by hand, exact round trips, bad input."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from test_data_mnist import REAL_NPZ
 from txjax.data.mnist import PatchTokenizer
-
-REAL_NPZ = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist.npz"
 
 
 def test_patch_tokenizer_sizes():

@@ -9,20 +9,12 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from txjax import GPT, GPTConfig, generate
+from test_decoding import gpt, tokens  # the tiny GPT (vocabulary 13) and token draws of the decoding tests
+from txjax import generate
 from txjax.decoding import filter_logits, sample_logits
 
 # Upper 0.1% points of the chi-square distribution (scipy.stats.chi2.ppf(0.999, df)).
 CHI2_999 = {4: 18.467, 12: 32.909}
-
-
-def gpt(**changes):
-    config = dict(vocab_size=13, max_len=12, d_model=16, num_heads=2, num_layers=2, d_ff=32)
-    return GPT(GPTConfig(**{**config, **changes}), rngs=nnx.Rngs(0))
-
-
-def tokens(seed, shape):
-    return jnp.asarray(np.random.default_rng(seed).integers(0, 13, size=shape), jnp.int32)
 
 
 LOGITS_SHAPE = (4, 7)
