@@ -1,5 +1,6 @@
-"""Randomized positions (Ruoss et al. 2023): per-token accuracy beyond the training lengths on
-their algorithmic tasks, each position encoding with and without random positions.
+"""Randomized positions (Ruoss et al. 2023): per-token accuracy beyond the training lengths, per encoding.
+
+Their algorithmic tasks, each position encoding with and without random positions.
 
     python experiments/randomized_positions.py --preset cpu
     python experiments/randomized_positions.py --tasks reverse_string --positions rope --seeds 1 --steps 100

@@ -1,5 +1,6 @@
-"""Copy and reverse (Kazemnejad et al. 2023): exact match in and out of distribution per position encoding,
-for a decoder-only (GPT) and an encoder-decoder (T5) model.
+"""Copy and reverse (Kazemnejad et al. 2023): exact match in and out of distribution per position encoding.
+
+A decoder-only (GPT) and an encoder-decoder (T5) model per encoding, trained on short rows, tested on longer ones.
 
     python experiments/synthetic_tasks.py --preset cpu
     python experiments/synthetic_tasks.py --families gpt --tasks copy --positions none,rope --steps 100

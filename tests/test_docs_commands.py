@@ -1,10 +1,13 @@
-"""The commands the docs tell users to run: every flag they pass is one the command knows.
+"""The commands users run: a script's `--help` opens with what it does, and every `--help` lists
+each flag the docs pass it.
 
 A flag renamed in code but not in README.md, BUILD.md or docs/ would fail only when a reader
-types it. Each command's `--help` is produced in this process, as `python ...` would run it
-(runpy, `__name__ == "__main__"`); `TXJAX_MALLOC=default` from conftest keeps malloc alone.
+types it; a description cut at the docstring's first line break reads as a fragment. Each
+command's `--help` is produced in this process, as `python ...` would run it (runpy,
+`__name__ == "__main__"`); `TXJAX_MALLOC=default` from conftest keeps malloc alone.
 """
 
+import ast
 import re
 import runpy
 import sys
@@ -34,6 +37,9 @@ def documented_flags() -> dict[str, dict[str, list[str]]]:
 
 
 FLAGS = documented_flags()
+# Every script a user runs, documented or not (a leading underscore marks a helper module).
+COMMANDS = sorted({*FLAGS, *(str(p.relative_to(ROOT)) for folder in ("experiments", "benchmarks")
+                             for p in (ROOT / folder).glob("[!_]*.py"))})
 
 
 def test_the_docs_show_the_main_commands():
@@ -42,8 +48,8 @@ def test_the_docs_show_the_main_commands():
 
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # txjax imports it first
-@pytest.mark.parametrize("command", sorted(FLAGS))
-def test_every_documented_flag_is_in_the_commands_help(command, monkeypatch, capsys):
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_says_what_the_command_does_and_lists_every_documented_flag(command, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [command, "--help"])
     with pytest.raises(SystemExit) as exit_info:
         if command.endswith(".py"):
@@ -53,6 +59,9 @@ def test_every_documented_flag_is_in_the_commands_help(command, monkeypatch, cap
             runpy.run_module(command, run_name="__main__", alter_sys=True)
     assert exit_info.value.code in (0, None)
     help_text = capsys.readouterr().out
-    unknown = {flag: where for flag, where in FLAGS[command].items()
+    if command.endswith(".py"):  # a script describes itself by its docstring's first paragraph
+        summary = ast.get_docstring(ast.parse((ROOT / command).read_text())).split("\n\n")[0]
+        assert " ".join(summary.split()) in " ".join(help_text.split()), f"{command}: --help cuts its summary"
+    unknown = {flag: where for flag, where in FLAGS.get(command, {}).items()
                if not re.search(re.escape(flag) + r"(?![\w-])", help_text)}
     assert not unknown, f"{command}: flags the docs pass but --help does not list: {unknown}"

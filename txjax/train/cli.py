@@ -124,7 +124,7 @@ def build_parser(description: str, configs: dict[str, tuple[str, Any]], presets:
     """
     parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
     if presets:
-        which = (f"those of --preset {default_preset}" if default_preset is not None else
+        which = (f"those of the --preset given, else of {default_preset}" if default_preset is not None else
                  "those of the preset in effect: without --preset, cpu where JAX finds no accelerator, "
                  "else default")
         aliases = {alias: name for alias, name in PRESET_ALIASES.items() if name in presets}
