@@ -19,3 +19,8 @@ def load_script(name):
     finally:
         sys.path.remove(str(EXPERIMENTS))
     return module
+
+
+# The folder beside the repo that the scripts read (experiments/_local_data.py); tests of the real
+# files skip where it is missing.
+SHARED_DATA = load_script("_local_data").SHARED_DATA

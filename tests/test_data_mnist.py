@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from experiment_scripts import SHARED_DATA
 from local_http import Server
 from txjax.data import mnist as M
 from txjax.data import mnist_sources as S  # the hub plumbing is looked up (and patched) here
 from txjax.data.mnist import MnistFile, MnistHub, idx_bytes, load_mnist, parse_idx
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 REAL_NPZ = SHARED_DATA / "mnist.npz"
 
 

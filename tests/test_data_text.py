@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from experiment_scripts import SHARED_DATA
 from local_http import Server
 from txjax.data.text import (
     FAMILIES,
@@ -20,7 +20,6 @@ from txjax.data.text import (
     load_tokenizer,
 )
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 REAL_TINY = SHARED_DATA / "tinyshakespeare.txt"
 SMALL = "hello world. the quick brown fox jumps over the lazy dog.\n" * 20
 

@@ -1,16 +1,16 @@
 """The digit classifier that scores sampled MNIST digits: fit, cache, and the quality figures."""
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from experiment_scripts import SHARED_DATA
 from txjax.tasks.digits import (CONFIDENT, DigitClassifierConfig, accuracy, cached_classifier, classify,
                                 digit_quality, train_classifier)
 
 SMALL = DigitClassifierConfig(hidden=32, epochs=5, batch_size=20, learning_rate=1e-2)
-MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist.npz"
+MNIST = SHARED_DATA / "mnist.npz"
 
 
 def bars(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
