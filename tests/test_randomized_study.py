@@ -1,6 +1,7 @@
 """The randomized-positions study (Ruoss et al. 2023): its tasks against their definitions, the
 empty output tape, padding that changes nothing, and a small study end to end."""
 
+import dataclasses
 import json
 
 import jax
@@ -22,6 +23,7 @@ from txjax.studies.randomized import (
     PAD,
     RandomizedConfig,
     encode,
+    eval_logits,
     evaluate_modular,
     markdown,
     model_config,
@@ -29,6 +31,7 @@ from txjax.studies.randomized import (
     run_study,
     sample_task,
     summarize,
+    eval_max_position,
     train_width,
     width,
 )
@@ -140,6 +143,43 @@ def test_plain_learned_tables_hold_the_training_rows_and_random_ones_all_positio
         RandomizedConfig(max_position=200)  # duplicate_string at 100: 300 tokens
     with pytest.raises(ValueError, match="positions"):
         RandomizedConfig(positions="xpos")  # causal only; this is an encoder
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["reverse_string", "duplicate_string", "parity_check", "modular_arithmetic"]),
+       st.integers(1, 100), st.booleans())
+def test_stretched_test_rows_are_no_denser_than_the_widest_training_row(task, n, stretch):
+    """Drawn from [0, M), a row of w tokens has mean gap ~M / w. The paper's test rows keep M, so
+    a longer row is denser than any training row; stretched, M grows with w beyond training."""
+    study = RandomizedConfig(tasks=task, positions="alibi,t5", stretch_test_positions=stretch)
+    m = eval_max_position(task, n, study)
+    if not stretch or n <= study.train_max:
+        assert m == study.max_position
+    else:
+        assert m / width(task, n) >= study.max_position / width(task, study.train_max)
+        assert (m - 1) / width(task, n) < study.max_position / width(task, study.train_max)  # the least such M
+
+
+def test_stretching_is_refused_for_encodings_added_to_the_input():
+    with pytest.raises(ValueError, match="stretch_test_positions"):
+        RandomizedConfig(positions="rope,sinusoidal", stretch_test_positions=True)
+    RandomizedConfig(positions="rope,t5,alibi,fire,kerple,none", stretch_test_positions=True)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_evaluation_draws_from_the_range_it_is_given(jit):
+    """eval_logits at max_position M computes what a model built to draw from [0, M) computes, with
+    the same parameters and key: the range is the one thing it changes."""
+    study = RandomizedConfig(num_layers=1, d_model=16, num_heads=2, d_ff=32)
+    cfg = model_config("alibi+random", "reverse_string", study)
+    stepper = Stepper(Bert(cfg, rngs=nnx.Rngs(0)), bert_loss, TrainConfig(batch_size=4, steps=1, warmup_steps=0))
+    x = jnp.asarray(encode(*sample_task("reverse_string", np.random.default_rng(0), 4, 50), 100)["inputs"])
+    call = jax.jit(eval_logits, static_argnums=(0, 4)) if jit else eval_logits
+    key = jax.random.key(1)
+    wide = Stepper(Bert(dataclasses.replace(cfg, random_positions=4096), rngs=nnx.Rngs(0)), bert_loss, stepper.cfg)
+    at_4096, at_2048 = (call(stepper, stepper.init_params, x, key, m) for m in (4096, 2048))
+    np.testing.assert_allclose(at_4096, eval_logits(wide, stepper.init_params, x, key, 4096), atol=1e-6, rtol=1e-6)
+    assert np.abs(at_4096 - at_2048).max() > 1e-4  # ~1e-3 at init: the test can see the range
 
 
 @pytest.mark.parametrize("std", [0.02, 1.0])

@@ -19,6 +19,7 @@ from txjax.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLS
 from txjax.ops.positions import KERPLE_VARIANTS, ROPE_SCALINGS
 
 POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none", "fire", "kerple", "xpos")
+ABSOLUTE_POSITIONS = ("learned", "sinusoidal")  # a vector per position added to the input; the rest act in attention
 ROTARY_POSITIONS = ("rope", "xpos")  # rotate queries and keys; the rope_scaling fields apply
 CAUSAL_ONLY_POSITIONS = ("xpos",)  # defined for causal attention only: refused where a stack is bidirectional
 NORMS = ("layer", "rms")

@@ -22,6 +22,7 @@ per batch; the loss is the mean over output tokens, not their sum per sequence.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from txjax import Bert
-from txjax.config import BertConfig, positions_for
+from txjax.config import ABSOLUTE_POSITIONS, BertConfig, positions_for
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
     append_jsonl,
@@ -78,6 +79,7 @@ class RandomizedConfig:
     dropout: float = 0.1
     learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
+    stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
     def __post_init__(self):
@@ -89,6 +91,10 @@ class RandomizedConfig:
             raise ValueError("need 1 <= train_max < test_max and test_step >= 1")
         if self.seeds < 1 or self.eval_examples < 1 or self.train_width_multiple < 0:
             raise ValueError("seeds >= 1, eval_examples >= 1 and train_width_multiple >= 0 are required")
+        absolute = [p for p in parse_list(self.positions) if p in ABSOLUTE_POSITIONS]
+        if self.stretch_test_positions and absolute:
+            raise ValueError(f"stretch_test_positions would place {absolute} beyond every trained position; "
+                             "it is for encodings that act in attention")
         widest = max(width(t, self.test_max) for t in parse_list(self.tasks))
         if self.max_position < widest:
             raise ValueError(f"max_position={self.max_position} is below the widest test row ({widest} tokens)")
@@ -170,6 +176,16 @@ def train_width(task: str, length: int, study: RandomizedConfig) -> int:
     return min(widest, -(-width(task, length) // k) * k) if k else widest
 
 
+def eval_max_position(task: str, n: int, study: RandomizedConfig) -> int:
+    """The range [0, this) a randomized model's length-n rows draw positions from: max_position, or,
+    with `stretch_test_positions` and n beyond training, max_position grown in proportion to the
+    row's width over the widest training row's. The mean gap between a test row's positions then
+    stays that of the widest training row instead of shrinking below every trained gap."""
+    if not study.stretch_test_positions or n <= study.train_max:
+        return study.max_position
+    return -(-study.max_position * width(task, n) // width(task, study.train_max))
+
+
 def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig:
     """The encoder of a variant; a plain learned table holds the task's widest training row."""
     position, randomized = variant.removesuffix(RANDOM_SUFFIX), variant.endswith(RANDOM_SUFFIX)
@@ -181,6 +197,15 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         position_init_std=study.learned_init_std,
         scale_embeddings=True, type_vocab_size=1, pad_id=PAD,
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized)
+
+
+def eval_logits(stepper: Stepper, params, inputs_BT: jax.Array, key: jax.Array, max_position: int) -> jax.Array:
+    """The evaluation model's logits. A randomized model draws its positions here too, from
+    [0, max_position), with a fresh key per call (the RNG state built inside)."""
+    model = nnx.merge(stepper.eval_graphdef, params, fresh_rngs(stepper.rest, key))
+    if model.random_positions is not None:
+        model.random_positions.max_position = max_position
+    return model(inputs_BT)
 
 
 def token_accuracy(logits_fn, params, batch: dict[str, np.ndarray], key: jax.Array) -> float:
@@ -197,9 +222,7 @@ def run_one(task: str, variant: str, seed: int, study: RandomizedConfig, train_c
     cfg = model_config(variant, task, study)
     if cfg not in cache:  # one model per config; XLA compiles once per row width
         stepper = Stepper(Bert(cfg), bert_loss, train_cfg)
-        # Evaluation draws random positions too: a fresh key per call, the RNG state built inside.
-        cache[cfg] = (stepper, jax.jit(lambda p, x, key, stepper=stepper: nnx.merge(
-            stepper.eval_graphdef, p, fresh_rngs(stepper.rest, key))(x)))
+        cache[cfg] = (stepper, jax.jit(functools.partial(eval_logits, stepper), static_argnames="max_position"))
     stepper, logits_fn = cache[cfg]
 
     def batch_fn(step):
@@ -220,8 +243,9 @@ def run_one(task: str, variant: str, seed: int, study: RandomizedConfig, train_c
             accuracy[n] = None  # a learned table cannot place these positions: n/a, never clamped
             continue
         rng = np.random.default_rng([10_000, TASKS.index(task), n])
-        accuracy[n] = token_accuracy(logits_fn, state.params, encode(
-            *sample_task(task, rng, study.eval_examples, n), row_width), jax.random.key(10_000 + n))
+        accuracy[n] = token_accuracy(
+            functools.partial(logits_fn, max_position=eval_max_position(task, n, study)), state.params,
+            encode(*sample_task(task, rng, study.eval_examples, n), row_width), jax.random.key(10_000 + n))
     inside = [accuracy[n] for n in range(1, study.train_max + 1)]
     outside = [accuracy[n] for n in study.test_lengths]
     return {"task": task, "variant": variant, "seed": seed, "train_loss": summary["train_loss"],
