@@ -24,6 +24,7 @@ from txjax.studies.randomized import (
     RandomizedConfig,
     encode,
     eval_logits,
+    eval_max_position,
     evaluate_modular,
     markdown,
     model_config,
@@ -31,7 +32,6 @@ from txjax.studies.randomized import (
     run_study,
     sample_task,
     summarize,
-    eval_max_position,
     train_width,
     width,
 )
