@@ -179,8 +179,8 @@ def train_width(task: str, length: int, study: RandomizedConfig) -> int:
 def eval_max_position(task: str, n: int, study: RandomizedConfig) -> int:
     """The range [0, this) a randomized model's length-n rows draw positions from: max_position, or,
     with `stretch_test_positions` and n beyond training, max_position grown in proportion to the
-    row's width over the widest training row's. The mean gap between a test row's positions then
-    stays that of the widest training row instead of shrinking below every trained gap."""
+    row's width over the widest training row's. A test row's mean gap between positions then stays
+    that of the widest training row instead of shrinking below every training row's."""
     if not study.stretch_test_positions or n <= study.train_max:
         return study.max_position
     return -(-study.max_position * width(task, n) // width(task, study.train_max))
@@ -220,7 +220,7 @@ def run_one(task: str, variant: str, seed: int, study: RandomizedConfig, train_c
             cache: dict) -> dict:
     """Train one encoder on one task; its per-token accuracy at every scored length."""
     cfg = model_config(variant, task, study)
-    if cfg not in cache:  # one model per config; XLA compiles once per row width
+    if cfg not in cache:  # one model per config; XLA compiles once per row width (and stretched range)
         stepper = Stepper(Bert(cfg), bert_loss, train_cfg)
         cache[cfg] = (stepper, jax.jit(functools.partial(eval_logits, stepper), static_argnames="max_position"))
     stepper, logits_fn = cache[cfg]
