@@ -162,3 +162,78 @@ def test_gpt_is_causal_and_finite_with_a_fully_masked_row(position, jit):
     assert not np.allclose(out[:, 4:], out_changed[:, 4:])
     grads = call(jax.grad(lambda s, t: logits(s, t).sum()), jit, state, tokens)
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+
+# directional_bias: a key after the query (j > i) gives FIRE's f the input -x, so with the MLP above
+# h = relu([-x, 0.5 + x]) = (0, 0.5 + x) and the heads are (0.1, 2 (0.5 + x) - 0.2) = (0.1, 0.8 + 2x).
+FIRE_SIGNED_EXPECTED = {
+    (1, 3): (0.1, 2.384963),     # x = log 3 / log 4 = 0.792481
+    (1, 12): (0.1, 2.737587),    # x = log 12 / log 13 = 0.968794
+    (3, 12): (0.1, 2.595423),    # x = log 10 / log 13 = 0.897712
+    (7, 12): (0.1, 2.197111),    # x = log 6 / log 13 = 0.698555
+}
+
+
+@JIT
+def test_signed_fire_bias_matches_the_formula(jit):
+    """Keys at or before the query keep the paper's bias; keys after it get f(-x)."""
+    bias = call(lambda q, k: ops.fire_bias(q, k, FIRE_W1, FIRE_B1, FIRE_W2, FIRE_B2, 1.0, 3.0, signed=True),
+                jit, FIRE_Q, FIRE_K)
+    q, k = list(map(int, FIRE_Q)), list(map(int, FIRE_K))
+    for (i, j), expected in {**FIRE_EXPECTED, **FIRE_SIGNED_EXPECTED}.items():
+        np.testing.assert_allclose(bias[0, :, q.index(i), k.index(j)], expected, atol=1e-5)
+
+
+@JIT
+@pytest.mark.parametrize("variant", ["log", "power"])
+def test_kerple_per_direction_uses_row_0_before_and_row_1_after_the_query(variant, jit):
+    r1_2N, r2_2N = jnp.array([[1.0, 0.5], [0.3, 1.5]]), jnp.array([[0.5, 1.0], [1.5, 0.2]])
+    q_BT, k_BS = jnp.array([[4, 5, 9], [0, 2, 3]]), jnp.array([[0, 4, 7, 9, 12], [1, 2, 3, 6, 8]])
+    bias = call(lambda q, k: ops.kerple_bias(q, k, r1_2N, r2_2N, variant), jit, q_BT, k_BS)
+    before, after = (ops.kerple_bias(q_BT, k_BS, r1_2N[d], r2_2N[d], variant) for d in (0, 1))
+    after_B1TS = (k_BS[:, None, :] > q_BT[:, :, None])[:, None]
+    assert after_B1TS.any() and (~after_B1TS).any()
+    np.testing.assert_allclose(bias, jnp.where(after_B1TS, after, before), rtol=1e-6)
+
+
+def test_kerple_per_direction_parameters_follow_the_reference_init():
+    config = BertConfig(**{**TINY, "d_model": 64, "num_heads": 64}, position="kerple", directional_bias=True)
+    module = KerpleBias(config, rngs=nnx.Rngs(0))
+    assert module.raw_r1.shape == module.raw_r2.shape == (2, 64)
+    assert (module.r1 > 0).all() and (module.r1 < 2.0).all() and (module.r2 > 0).all() and (module.r2 < 1.0).all()
+    assert not np.allclose(module.r1[0], module.r1[1])  # each direction its own draw
+
+
+@JIT
+@pytest.mark.parametrize("position", ["fire", "kerple", "alibi", "fire+directional", "kerple+directional"])
+def test_an_encoder_tells_left_from_right_only_with_directional_bias(position, jit):
+    """A distance bias |i - j| (and FIRE's normaliser, constant while L = 512 exceeds every position)
+    is unchanged by mirroring the row, so the symmetric encoder's logits on a reversed input are its
+    logits reversed; directional_bias breaks that symmetry. The biases are made stronger than at init,
+    where attention barely moves the logits (of size ~0.2)."""
+    kind, directional = position.removesuffix("+directional"), position.endswith("+directional")
+    model = Bert(BertConfig(**TINY, position=kind, directional_bias=directional), rngs=nnx.Rngs(0))
+    relative = model.encoder.positions.relative
+    if kind == "fire":
+        relative.w2[...] = 10 * relative.w2[...]
+    elif kind == "kerple":
+        relative.raw_r1[...] = relative.raw_r1[...] + 3.0
+    graphdef, state = nnx.split(model)
+
+    def logits(state, tokens):
+        return nnx.merge(graphdef, state)(tokens)
+
+    tokens = jnp.array([[3, 4, 5, 6, 7, 8, 9], [1, 1, 2, 9, 5, 5, 6]])
+    out, mirrored = call(logits, jit, state, tokens), call(logits, jit, state, tokens[:, ::-1])
+    if directional:
+        assert np.abs(mirrored[:, ::-1] - out).max() > 1e-4  # 3e-4 (FIRE) and 7e-4 (KERPLE) here
+    else:
+        np.testing.assert_allclose(mirrored[:, ::-1], out, rtol=0, atol=1e-6)  # 0 and 2e-8 here
+
+
+def test_directional_bias_is_refused_where_it_would_do_nothing():
+    with pytest.raises(ValueError, match="directional_bias"):
+        BertConfig(**TINY, position="rope", directional_bias=True)
+    with pytest.raises(ValueError, match="directional_bias"):
+        GPTConfig(**TINY, position="fire", directional_bias=True)  # causal: no key after the query

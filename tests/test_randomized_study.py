@@ -166,6 +166,14 @@ def test_stretching_is_refused_for_encodings_added_to_the_input():
     RandomizedConfig(positions="rope,t5,alibi,fire,kerple,none", stretch_test_positions=True)
 
 
+def test_directional_bias_reaches_the_model_and_only_fire_and_kerple_take_it():
+    study = RandomizedConfig(positions="fire,kerple", directional_bias=True)
+    assert all(model_config(v, "reverse_string", study).directional_bias for v in study.variants)
+    assert not model_config("fire+random", "reverse_string", RandomizedConfig()).directional_bias
+    with pytest.raises(ValueError, match="directional_bias"):
+        RandomizedConfig(positions="fire,t5", directional_bias=True)
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_evaluation_draws_from_the_range_it_is_given(jit):
     """eval_logits at max_position M computes what a model built to draw from [0, M) computes, with

@@ -107,6 +107,7 @@ class TransformerConfig:
     fire_threshold: float = 512.0  # FIRE: initial threshold L of the normaliser psi(max(L, i)); learned as a multiple of this
     fire_learn_threshold: bool = True  # FIRE: learn L (the paper's code); False: L stays fire_threshold
     kerple_variant: str = "log"  # KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2
+    directional_bias: bool = False  # FIRE / KERPLE in bidirectional attention: False: one function of |i - j| both ways; True: keys after the query get their own (FIRE's MLP reads the signed input, KERPLE a second r1, r2 per head), as T5's buckets do; causal attention is unchanged
     rope_scaling: str | None = None  # rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain
     rope_scaling_factor: float = 1.0  # s >= 1: how many times the context is stretched; 1 is plain rope
     rope_original_max_len: int | None = None  # YaRN: the context the model was trained on; None: max_len
@@ -177,6 +178,9 @@ class TransformerConfig:
             raise ValueError(f"position_init_std must be positive, got {self.position_init_std!r}")
         if self.kerple_variant not in KERPLE_VARIANTS:
             raise ValueError(f"kerple_variant={self.kerple_variant!r} is not one of {KERPLE_VARIANTS}")
+        if self.directional_bias and (self.position not in ("fire", "kerple") or not self.bidirectional_stack):
+            raise ValueError(f"{type(self).__name__}: directional_bias is for fire or kerple in a bidirectional "
+                             f"stack (BERT, T5's encoder), got position={self.position!r}")
         if self.bidirectional_stack and self.position in CAUSAL_ONLY_POSITIONS:
             raise ValueError(f"{type(self).__name__}: position={self.position!r} is defined for causal attention "
                              f"only, and {self.family} has a bidirectional stack; use one of {positions_for(self.family)}")

@@ -87,6 +87,7 @@ class FireBias(nnx.Module):
         self.threshold_multiplier = (nnx.Param(jnp.asarray(1.0, jnp.float32)) if config.fire_learn_threshold
                                      else None)
         self.init_threshold = float(config.fire_threshold)
+        self.signed = config.directional_bias
 
     @property
     def threshold(self) -> jax.Array:
@@ -99,7 +100,7 @@ class FireBias(nnx.Module):
         """[1 or B, N, T, S]."""
         threshold = self.threshold
         return ops.fire_bias(q_positions, k_positions, self.w1[...], self.b1[...], self.w2[...],
-                             self.b2[...], self.c[...], threshold)
+                             self.b2[...], self.c[...], threshold, signed=self.signed)
 
 
 class KerpleBias(nnx.Module):
@@ -109,21 +110,22 @@ class KerpleBias(nnx.Module):
     to >= 0.01: r1 = softplus(raw1) and r2 = softplus(raw2), or for the power variant
     r2 = 2 sigmoid(raw2) in (0, 2). Initialised as that code: log r1 ~ U(0, 2),
     r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2); each drawn value clipped to its
-    clamp range [0.01, max - 0.01] so the inverse maps stay finite.
+    clamp range [0.01, max - 0.01] so the inverse maps stay finite. With `directional_bias`,
+    r1 and r2 are [2, N]: row 0 for keys at or before the query, row 1 for keys after it.
     """
 
     EPS = 1e-2
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.variant = config.kerple_variant
-        n = config.num_heads
+        shape = (2, config.num_heads) if config.directional_bias else (config.num_heads,)
         r1_max, r2_max = (2.0, 1.0) if self.variant == "log" else (1.0, 2.0)
-        r1_N = jnp.clip(_uniform(rngs.params(), (n,), 0.0, r1_max), self.EPS, r1_max - self.EPS)
-        r2_N = jnp.clip(_uniform(rngs.params(), (n,), 0.0, r2_max), self.EPS, r2_max - self.EPS)
-        self.raw_r1 = nnx.Param(r1_N + jnp.log(-jnp.expm1(-r1_N)))
+        r1 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r1_max), self.EPS, r1_max - self.EPS)
+        r2 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r2_max), self.EPS, r2_max - self.EPS)
+        self.raw_r1 = nnx.Param(r1 + jnp.log(-jnp.expm1(-r1)))
         self.raw_r2 = nnx.Param(
-            r2_N + jnp.log(-jnp.expm1(-r2_N)) if self.variant == "log"
-            else jnp.log(r2_N / 2) - jnp.log1p(-r2_N / 2)
+            r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log"
+            else jnp.log(r2 / 2) - jnp.log1p(-r2 / 2)
         )
 
     @property

@@ -276,6 +276,7 @@ def fire_bias(
     c: jax.Array,
     threshold: jax.Array,
     eps: float = 1e-6,
+    signed: bool = False,
 ) -> jax.Array:
     """FIRE (Li et al. 2023): b(i, j) = f(psi(|i - j|) / psi(max(L, i, j))), [1 or B, N, T, S].
 
@@ -284,6 +285,8 @@ def fire_bias(
     inputs reuse the range seen in training; the threshold L keeps short prefixes from
     being stretched over it. f is the MLP 1 -> W (ReLU) -> N. max(L, i, j) is the paper's
     max(L, i) on every causal key (j <= i), symmetric in i and j for an encoder.
+    `signed`: a key after the query (j > i) gives f the negated input, so an encoder can tell
+    the two directions apart; keys at or before it are the paper's.
     `eps` keeps the denominator off zero when L and the positions are all 0.
     """
     q_BT1, k_B1S = _query_key_BTS(q_positions, k_positions)
@@ -291,6 +294,8 @@ def fire_bias(
     distance_BTS = jnp.abs(q_BT1 - k_B1S)
     normalizer_BTS = jnp.maximum(jnp.maximum(q_BT1, k_B1S), threshold)
     x_BTS = jnp.log1p(scale * distance_BTS) / (jnp.log1p(scale * normalizer_BTS) + eps)
+    if signed:
+        x_BTS = jnp.where(k_B1S > q_BT1, -x_BTS, x_BTS)
     hidden_BTSW = jax.nn.relu(x_BTS[..., None] * w1_1W[None, None] + b1_W[None, None, None])
     bias_BTSN = hidden_BTSW @ w2_WN + b2_N[None, None, None]
     return jnp.moveaxis(bias_BTSN, -1, 1)
@@ -307,15 +312,25 @@ def kerple_bias(
 
     log:   -r1 * log(1 + r2 |i - j|)   (the paper's best variant)
     power: -r1 * |i - j|^r2, 0 < r2 <= 2 (a conditionally positive definite kernel)
+    r1 and r2 are [N], the same both ways, or [2, N] per direction: row 0 for keys at or before
+    the query (the paper's causal form), row 1 for keys after it.
     """
     if variant not in KERPLE_VARIANTS:
         raise ValueError(f"kerple_bias: variant={variant!r} is not one of {KERPLE_VARIANTS}")
-    distance_B1TS = jnp.abs(relative_positions(q_positions, k_positions)).astype(jnp.float32)[:, None]
-    r1_1N11 = jnp.asarray(r1_N, jnp.float32)[None, :, None, None]
-    r2_1N11 = jnp.asarray(r2_N, jnp.float32)[None, :, None, None]
+    offset_B1TS = relative_positions(q_positions, k_positions)[:, None]
+    distance_B1TS = jnp.abs(offset_B1TS).astype(jnp.float32)
+    r1_1N11, r2_1N11 = (_per_direction(jnp.asarray(r, jnp.float32), offset_B1TS) for r in (r1_N, r2_N))
     if variant == "log":
         return -r1_1N11 * jnp.log1p(r2_1N11 * distance_B1TS)
     # 0^r2 = 0; the where keeps d/dr2 of 0^r2 (0 * log 0) out of the gradient.
     positive_B1TS = distance_B1TS > 0
     safe_B1TS = jnp.where(positive_B1TS, distance_B1TS, 1.0)
     return -r1_1N11 * jnp.where(positive_B1TS, safe_B1TS ** r2_1N11, 0.0)
+
+
+def _per_direction(r: jax.Array, offset_B1TS: jax.Array) -> jax.Array:
+    """A per-head value [N] as [1, N, 1, 1]; a per-direction one [2, N] chosen by the sign of
+    key - query (row 1 for keys after the query) as [B, N, T, S]."""
+    if r.ndim == 1:
+        return r[None, :, None, None]
+    return jnp.where(offset_B1TS > 0, r[1][None, :, None, None], r[0][None, :, None, None])

@@ -79,6 +79,7 @@ class RandomizedConfig:
     dropout: float = 0.1
     learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
+    directional_bias: bool = False  # a cause-test: FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
@@ -95,6 +96,8 @@ class RandomizedConfig:
         if self.stretch_test_positions and absolute:
             raise ValueError(f"stretch_test_positions would place {absolute} beyond every trained position; "
                              "it is for encodings that act in attention")
+        if self.directional_bias and set(parse_list(self.positions)) - {"fire", "kerple"}:
+            raise ValueError(f"directional_bias is for fire and kerple, got positions={self.positions!r}")
         widest = max(width(t, self.test_max) for t in parse_list(self.tasks))
         if self.max_position < widest:
             raise ValueError(f"max_position={self.max_position} is below the widest test row ({widest} tokens)")
@@ -194,7 +197,7 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         vocab_size=VOCAB_SIZE, max_len=width(task, study.train_max) if plain_table else study.max_position,
         d_model=study.d_model, num_heads=study.num_heads, num_layers=study.num_layers, d_ff=study.d_ff,
         activation="relu", dropout=study.dropout, position=position, embedding_norm=False,
-        position_init_std=study.learned_init_std,
+        position_init_std=study.learned_init_std, directional_bias=study.directional_bias,
         scale_embeddings=True, type_vocab_size=1, pad_id=PAD,
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized)
 
