@@ -86,6 +86,17 @@ def test_param_counts_with_grouped_kv_heads_equal_the_real_tree(family, kv_heads
     assert predicted["attention"] < cost.param_counts(config.replace(num_kv_heads=None))["attention"]
 
 
+@pytest.mark.parametrize("family", ["bert", "t5"])
+@pytest.mark.parametrize("options", [
+    dict(position="fire", fire_learn_threshold=False),  # c only, no threshold multiplier
+    dict(position="fire", directional_bias=True),
+    dict(position="kerple", directional_bias=True),  # r1, r2 per head and direction
+])
+def test_param_counts_of_the_relative_bias_options_equal_the_real_tree(family, options):
+    config = FAMILIES[family][0](**TINY, **options)
+    assert {k: v for k, v in cost.param_counts(config).items() if v} == real_counts(family, config)
+
+
 @pytest.mark.parametrize("head", ["pooler", "none"])
 def test_bert_heads_count_and_cost_what_they_build(head):
     """An encoder-only BERT: the pooler is a D -> D dense at [CLS]; no head costs nothing."""

@@ -20,6 +20,7 @@ from txjax.ops.positions import KERPLE_VARIANTS, ROPE_SCALINGS
 
 POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none", "fire", "kerple", "xpos")
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal")  # a vector per position added to the input; the rest act in attention
+DIRECTIONAL_POSITIONS = ("fire", "kerple")  # biases of |i - j| that directional_bias can split by the key's side
 ROTARY_POSITIONS = ("rope", "xpos")  # rotate queries and keys; the rope_scaling fields apply
 CAUSAL_ONLY_POSITIONS = ("xpos",)  # defined for causal attention only: refused where a stack is bidirectional
 NORMS = ("layer", "rms")
@@ -178,9 +179,9 @@ class TransformerConfig:
             raise ValueError(f"position_init_std must be positive, got {self.position_init_std!r}")
         if self.kerple_variant not in KERPLE_VARIANTS:
             raise ValueError(f"kerple_variant={self.kerple_variant!r} is not one of {KERPLE_VARIANTS}")
-        if self.directional_bias and (self.position not in ("fire", "kerple") or not self.bidirectional_stack):
-            raise ValueError(f"{type(self).__name__}: directional_bias is for fire or kerple in a bidirectional "
-                             f"stack (BERT, T5's encoder), got position={self.position!r}")
+        if self.directional_bias and (self.position not in DIRECTIONAL_POSITIONS or not self.bidirectional_stack):
+            raise ValueError(f"{type(self).__name__}: directional_bias is for {DIRECTIONAL_POSITIONS} in a "
+                             f"bidirectional stack (BERT, T5's encoder), got position={self.position!r}")
         if self.bidirectional_stack and self.position in CAUSAL_ONLY_POSITIONS:
             raise ValueError(f"{type(self).__name__}: position={self.position!r} is defined for causal attention "
                              f"only, and {self.family} has a bidirectional stack; use one of {positions_for(self.family)}")

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from txjax import Bert
-from txjax.config import ABSOLUTE_POSITIONS, BertConfig, positions_for
+from txjax.config import ABSOLUTE_POSITIONS, DIRECTIONAL_POSITIONS, BertConfig, positions_for
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import (
     append_jsonl,
@@ -96,8 +96,8 @@ class RandomizedConfig:
         if self.stretch_test_positions and absolute:
             raise ValueError(f"stretch_test_positions would place {absolute} beyond every trained position; "
                              "it is for encodings that act in attention")
-        if self.directional_bias and set(parse_list(self.positions)) - {"fire", "kerple"}:
-            raise ValueError(f"directional_bias is for fire and kerple, got positions={self.positions!r}")
+        if self.directional_bias and set(parse_list(self.positions)) - set(DIRECTIONAL_POSITIONS):
+            raise ValueError(f"directional_bias is for {DIRECTIONAL_POSITIONS}, got positions={self.positions!r}")
         widest = max(width(t, self.test_max) for t in parse_list(self.tasks))
         if self.max_position < widest:
             raise ValueError(f"max_position={self.max_position} is below the widest test row ({widest} tokens)")
