@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from txjax import GPT, Bert, BertConfig, GPTConfig, ops
+from txjax import GPT, T5, Bert, BertConfig, GPTConfig, T5Config, ops
 from txjax.nn.positions import FireBias, KerpleBias
 
 TINY = dict(vocab_size=23, max_len=16, d_model=16, num_heads=2, num_layers=2, d_ff=32)
@@ -199,26 +199,47 @@ def test_kerple_per_direction_uses_row_0_before_and_row_1_after_the_query(varian
 
 def test_kerple_per_direction_parameters_follow_the_reference_init():
     config = BertConfig(**{**TINY, "d_model": 64, "num_heads": 64}, position="kerple", directional_bias=True)
-    module = KerpleBias(config, rngs=nnx.Rngs(0))
+    module = KerpleBias(config, directional=True, rngs=nnx.Rngs(0))
     assert module.raw_r1.shape == module.raw_r2.shape == (2, 64)
     assert (module.r1 > 0).all() and (module.r1 < 2.0).all() and (module.r2 > 0).all() and (module.r2 < 1.0).all()
     assert not np.allclose(module.r1[0], module.r1[1])  # each direction its own draw
 
 
 @JIT
-@pytest.mark.parametrize("position", ["fire", "kerple", "alibi", "fire+directional", "kerple+directional"])
+def test_directional_alibi_follows_ruoss_et_al(jit):
+    """Their encoder's ALiBi: -slope * |i - j|, plus slope / 2 on keys before the query."""
+    q, k = jnp.array([2, 5]), jnp.array([0, 2, 3, 9])
+    bias = call(lambda q, k: ops.alibi_bias(2, q, k, directional=True), jit, q, k)
+    slopes = np.asarray(ops.alibi_slopes(2))
+    for t, i in enumerate([2, 5]):
+        for s, j in enumerate([0, 2, 3, 9]):
+            expected = -slopes * abs(i - j) + (slopes / 2 if j < i else 0.0)
+            np.testing.assert_allclose(bias[0, :, t, s], expected, rtol=1e-6)
+
+
+def test_t5_takes_direction_in_its_encoder_only():
+    """The decoder's self-attention is causal: no key after the query, nothing to tell apart."""
+    for position in ("alibi", "fire", "kerple"):
+        model = T5(T5Config(**TINY, position=position, directional_bias=True), rngs=nnx.Rngs(0))
+        assert model.encoder.positions.directional and not model.decoder.positions.directional
+    model = T5(T5Config(**TINY, position="kerple", directional_bias=True), rngs=nnx.Rngs(0))
+    assert model.encoder.positions.relative.raw_r1.shape == (2, 2)
+    assert model.decoder.positions.relative.raw_r1.shape == (2,)
+
+
+@JIT
+@pytest.mark.parametrize("position", ["fire", "kerple", "alibi", "fire+directional", "kerple+directional",
+                                      "alibi+directional"])
 def test_an_encoder_tells_left_from_right_only_with_directional_bias(position, jit):
     """A distance bias |i - j| (and FIRE's normaliser, constant while L = 512 exceeds every position)
     is unchanged by mirroring the row, so the symmetric encoder's logits on a reversed input are its
-    logits reversed; directional_bias breaks that symmetry. The biases are made stronger than at init,
-    where attention barely moves the logits (of size ~0.2)."""
+    logits reversed; directional_bias breaks that symmetry. Values and outputs are scaled up so
+    that attention, not the token embedding, dominates the logits (of size ~0.2)."""
     kind, directional = position.removesuffix("+directional"), position.endswith("+directional")
     model = Bert(BertConfig(**TINY, position=kind, directional_bias=directional), rngs=nnx.Rngs(0))
-    relative = model.encoder.positions.relative
-    if kind == "fire":
-        relative.w2[...] = 10 * relative.w2[...]
-    elif kind == "kerple":
-        relative.raw_r1[...] = relative.raw_r1[...] + 3.0
+    for block in model.encoder.blocks:
+        for projection in (block.self_attn.v, block.self_attn.o):
+            projection.kernel[...] = 30 * projection.kernel[...]
     graphdef, state = nnx.split(model)
 
     def logits(state, tokens):
@@ -227,9 +248,9 @@ def test_an_encoder_tells_left_from_right_only_with_directional_bias(position, j
     tokens = jnp.array([[3, 4, 5, 6, 7, 8, 9], [1, 1, 2, 9, 5, 5, 6]])
     out, mirrored = call(logits, jit, state, tokens), call(logits, jit, state, tokens[:, ::-1])
     if directional:
-        assert np.abs(mirrored[:, ::-1] - out).max() > 1e-4  # 3e-4 (FIRE) and 7e-4 (KERPLE) here
+        assert np.abs(mirrored[:, ::-1] - out).max() > 1e-4  # 1e-3 (ALiBi), 8e-3 (FIRE), 5e-2 (KERPLE) here
     else:
-        np.testing.assert_allclose(mirrored[:, ::-1], out, rtol=0, atol=1e-6)  # 0 and 2e-8 here
+        np.testing.assert_allclose(mirrored[:, ::-1], out, rtol=0, atol=1e-6)  # <= 1e-7 here
 
 
 def test_directional_bias_is_refused_where_it_would_do_nothing():

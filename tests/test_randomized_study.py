@@ -166,8 +166,8 @@ def test_stretching_is_refused_for_encodings_added_to_the_input():
     RandomizedConfig(positions="rope,t5,alibi,fire,kerple,none", stretch_test_positions=True)
 
 
-def test_directional_bias_reaches_the_model_and_only_fire_and_kerple_take_it():
-    study = RandomizedConfig(positions="fire,kerple", directional_bias=True)
+def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it():
+    study = RandomizedConfig(positions="alibi,fire,kerple", directional_bias=True)
     assert all(model_config(v, "reverse_string", study).directional_bias for v in study.variants)
     assert not model_config("fire+random", "reverse_string", RandomizedConfig()).directional_bias
     with pytest.raises(ValueError, match="directional_bias"):

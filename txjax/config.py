@@ -20,7 +20,7 @@ from txjax.ops.positions import KERPLE_VARIANTS, ROPE_SCALINGS
 
 POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none", "fire", "kerple", "xpos")
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal")  # a vector per position added to the input; the rest act in attention
-DIRECTIONAL_POSITIONS = ("fire", "kerple")  # biases of |i - j| that directional_bias can split by the key's side
+DIRECTIONAL_POSITIONS = ("alibi", "fire", "kerple")  # biases of |i - j| that directional_bias can split by the key's side
 ROTARY_POSITIONS = ("rope", "xpos")  # rotate queries and keys; the rope_scaling fields apply
 CAUSAL_ONLY_POSITIONS = ("xpos",)  # defined for causal attention only: refused where a stack is bidirectional
 NORMS = ("layer", "rms")
@@ -108,7 +108,7 @@ class TransformerConfig:
     fire_threshold: float = 512.0  # FIRE: initial threshold L of the normaliser psi(max(L, i)); learned as a multiple of this
     fire_learn_threshold: bool = True  # FIRE: learn L (the paper's code); False: L stays fire_threshold
     kerple_variant: str = "log"  # KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2
-    directional_bias: bool = False  # FIRE / KERPLE in bidirectional attention: False: one function of |i - j| both ways; True: keys after the query get their own (FIRE's MLP reads the signed input, KERPLE a second r1, r2 per head), as T5's buckets do; causal attention is unchanged
+    directional_bias: bool = False  # ALiBi / FIRE / KERPLE in bidirectional stacks: False: one function of |i - j| both ways; True: keys before and after the query differ, as T5's buckets do (ALiBi: slope / 2 more before it, Ruoss et al.'s code; FIRE: the MLP reads the signed input; KERPLE: a second r1, r2 per head for keys after it); causal stacks are unchanged
     rope_scaling: str | None = None  # rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain
     rope_scaling_factor: float = 1.0  # s >= 1: how many times the context is stretched; 1 is plain rope
     rope_original_max_len: int | None = None  # YaRN: the context the model was trained on; None: max_len

@@ -27,10 +27,10 @@ def _ffn_params(config: TransformerConfig) -> int:
     return matrices * d * f + bias
 
 
-def _position_params(config: TransformerConfig) -> int:
+def _position_params(config: TransformerConfig, directional: bool) -> int:
     """Per stack: a learned [max_len, D] table, T5's [buckets, N] relative table,
     FIRE's MLP 1 -> W -> N with c (and the threshold multiplier, when learned), or KERPLE's
-    r1, r2 per head (and per direction, with directional_bias)."""
+    r1, r2 per head (and per direction in a directional stack)."""
     if config.position == "learned":
         return config.max_len * config.d_model
     if config.position == "t5":
@@ -39,7 +39,7 @@ def _position_params(config: TransformerConfig) -> int:
         w, n = config.fire_mlp_width, config.num_heads
         return (w + w) + (w * n + n) + 1 + int(config.fire_learn_threshold)
     if config.position == "kerple":
-        return 2 * config.num_heads * (2 if config.directional_bias else 1)
+        return 2 * config.num_heads * (2 if directional else 1)
     return 0
 
 
@@ -64,7 +64,8 @@ def param_counts(config: TransformerConfig) -> dict[str, int]:
     counts = {
         "token_embedding": v * d,
         "segment_embedding": 0,
-        "positions": len(stacks) * _position_params(config),
+        # directional_bias acts in the bidirectional stacks: BERT's, T5's encoder (not its decoder)
+        "positions": sum(_position_params(config, config.directional_bias and not cross) for _, cross in stacks),
         "attention": layers * _attention_params(config),
         "cross_attention": cross_layers * _attention_params(config),
         "feed_forward": layers * _ffn_params(config),

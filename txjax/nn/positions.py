@@ -77,7 +77,7 @@ class FireBias(nnx.Module):
     with the multiplier m = 1 learned (a constant m = 1 with `fire_learn_threshold=False`).
     """
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, directional: bool = False, rngs: nnx.Rngs):
         w, n = config.fire_mlp_width, config.num_heads
         self.w1 = nnx.Param(_uniform(rngs.params(), (1, w), -1.0, 1.0))
         self.b1 = nnx.Param(_uniform(rngs.params(), (w,), -1.0, 1.0))
@@ -87,7 +87,7 @@ class FireBias(nnx.Module):
         self.threshold_multiplier = (nnx.Param(jnp.asarray(1.0, jnp.float32)) if config.fire_learn_threshold
                                      else None)
         self.init_threshold = float(config.fire_threshold)
-        self.signed = config.directional_bias
+        self.signed = directional
 
     @property
     def threshold(self) -> jax.Array:
@@ -110,15 +110,15 @@ class KerpleBias(nnx.Module):
     to >= 0.01: r1 = softplus(raw1) and r2 = softplus(raw2), or for the power variant
     r2 = 2 sigmoid(raw2) in (0, 2). Initialised as that code: log r1 ~ U(0, 2),
     r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2); each drawn value clipped to its
-    clamp range [0.01, max - 0.01] so the inverse maps stay finite. With `directional_bias`,
-    r1 and r2 are [2, N]: row 0 for keys at or before the query, row 1 for keys after it.
+    clamp range [0.01, max - 0.01] so the inverse maps stay finite. `directional`: r1 and r2
+    are [2, N], row 0 for keys at or before the query, row 1 for keys after it.
     """
 
     EPS = 1e-2
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, directional: bool = False, rngs: nnx.Rngs):
         self.variant = config.kerple_variant
-        shape = (2, config.num_heads) if config.directional_bias else (config.num_heads,)
+        shape = (2, config.num_heads) if directional else (config.num_heads,)
         r1_max, r2_max = (2.0, 1.0) if self.variant == "log" else (1.0, 2.0)
         r1 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r1_max), self.EPS, r1_max - self.EPS)
         r2 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r2_max), self.EPS, r2_max - self.EPS)
@@ -157,6 +157,7 @@ class Positions(nnx.Module):
         self.d_model = config.d_model
         self.num_heads = config.num_heads
         self.rotary = Rotary.of(config)
+        self.directional = config.directional_bias and bidirectional  # a causal stack sees no key after the query
         self.table = (
             nnx.Param(nnx.initializers.normal(config.position_init_std)(
                 rngs.params(), (config.max_len, config.d_model)))
@@ -165,9 +166,9 @@ class Positions(nnx.Module):
         if self.kind == "t5":
             self.relative = RelativePositionBias(config, bidirectional=bidirectional, rngs=rngs)
         elif self.kind == "fire":
-            self.relative = FireBias(config, rngs=rngs)
+            self.relative = FireBias(config, directional=self.directional, rngs=rngs)
         elif self.kind == "kerple":
-            self.relative = KerpleBias(config, rngs=rngs)
+            self.relative = KerpleBias(config, directional=self.directional, rngs=rngs)
         else:
             self.relative = None
 
@@ -191,5 +192,5 @@ class Positions(nnx.Module):
         if self.relative is not None:
             return self.relative(q_positions, k_positions)
         if self.kind == "alibi":
-            return ops.alibi_bias(self.num_heads, q_positions, k_positions)
+            return ops.alibi_bias(self.num_heads, q_positions, k_positions, self.directional)
         return None

@@ -226,13 +226,19 @@ def document_positions(document_ids_BT: jax.Array) -> jax.Array:
     return t_BT - jax.lax.cummax(jnp.where(starts_BT, t_BT, 0), axis=1)
 
 
-def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array,
+               directional: bool = False) -> jax.Array:
     """[1, N, T, S] bias -slope_n * |q_pos - k_pos| ([B, N, T, S] for per-row positions).
 
     For causal attention this is the paper's slope * (k - q) on every key a query may
     see; the absolute value makes the same function serve bidirectional attention.
+    `directional` (an encoder): keys before the query get slope_n / 2 more, as Ruoss et al.'s
+    code does "to break the symmetry (otherwise, the model cannot distinguish left and right)".
     """
-    distance_BTS = jnp.abs(relative_positions(q_positions, k_positions)).astype(jnp.float32)
+    offset_BTS = relative_positions(q_positions, k_positions)
+    distance_BTS = jnp.abs(offset_BTS).astype(jnp.float32)
+    if directional:
+        distance_BTS = distance_BTS - 0.5 * (offset_BTS < 0)
     return -alibi_slopes(num_heads)[None, :, None, None] * distance_BTS[:, None]
 
 

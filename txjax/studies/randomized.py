@@ -79,7 +79,7 @@ class RandomizedConfig:
     dropout: float = 0.1
     learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
-    directional_bias: bool = False  # a cause-test: FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias)
+    directional_bias: bool = False  # ALiBi / FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias; their code's ALiBi does)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
