@@ -176,9 +176,10 @@ FIRE_SIGNED_EXPECTED = {
 
 
 @JIT
-def test_signed_fire_bias_matches_the_formula(jit):
+def test_directional_fire_bias_matches_the_formula(jit):
     """Keys at or before the query keep the paper's bias; keys after it get f(-x)."""
-    bias = call(lambda q, k: ops.fire_bias(q, k, FIRE_W1, FIRE_B1, FIRE_W2, FIRE_B2, 1.0, 3.0, signed=True),
+    bias = call(lambda q, k: ops.fire_bias(q, k, FIRE_W1, FIRE_B1, FIRE_W2, FIRE_B2, 1.0, 3.0,
+                                             directional=True),
                 jit, FIRE_Q, FIRE_K)
     q, k = list(map(int, FIRE_Q)), list(map(int, FIRE_K))
     for (i, j), expected in {**FIRE_EXPECTED, **FIRE_SIGNED_EXPECTED}.items():

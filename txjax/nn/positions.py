@@ -87,7 +87,7 @@ class FireBias(nnx.Module):
         self.threshold_multiplier = (nnx.Param(jnp.asarray(1.0, jnp.float32)) if config.fire_learn_threshold
                                      else None)
         self.init_threshold = float(config.fire_threshold)
-        self.signed = directional
+        self.directional = directional
 
     @property
     def threshold(self) -> jax.Array:
@@ -100,7 +100,7 @@ class FireBias(nnx.Module):
         """[1 or B, N, T, S]."""
         threshold = self.threshold
         return ops.fire_bias(q_positions, k_positions, self.w1[...], self.b1[...], self.w2[...],
-                             self.b2[...], self.c[...], threshold, signed=self.signed)
+                             self.b2[...], self.c[...], threshold, directional=self.directional)
 
 
 class KerpleBias(nnx.Module):

@@ -282,7 +282,7 @@ def fire_bias(
     c: jax.Array,
     threshold: jax.Array,
     eps: float = 1e-6,
-    signed: bool = False,
+    directional: bool = False,
 ) -> jax.Array:
     """FIRE (Li et al. 2023): b(i, j) = f(psi(|i - j|) / psi(max(L, i, j))), [1 or B, N, T, S].
 
@@ -291,7 +291,7 @@ def fire_bias(
     inputs reuse the range seen in training; the threshold L keeps short prefixes from
     being stretched over it. f is the MLP 1 -> W (ReLU) -> N. max(L, i, j) is the paper's
     max(L, i) on every causal key (j <= i), symmetric in i and j for an encoder.
-    `signed`: a key after the query (j > i) gives f the negated input, so an encoder can tell
+    `directional`: a key after the query (j > i) gives f the negated input, so an encoder can tell
     the two directions apart; keys at or before it are the paper's.
     `eps` keeps the denominator off zero when L and the positions are all 0.
     """
@@ -300,7 +300,7 @@ def fire_bias(
     distance_BTS = jnp.abs(q_BT1 - k_B1S)
     normalizer_BTS = jnp.maximum(jnp.maximum(q_BT1, k_B1S), threshold)
     x_BTS = jnp.log1p(scale * distance_BTS) / (jnp.log1p(scale * normalizer_BTS) + eps)
-    if signed:
+    if directional:
         x_BTS = jnp.where(k_B1S > q_BT1, -x_BTS, x_BTS)
     hidden_BTSW = jax.nn.relu(x_BTS[..., None] * w1_1W[None, None] + b1_W[None, None, None])
     bias_BTSN = hidden_BTSW @ w2_WN + b2_N[None, None, None]
