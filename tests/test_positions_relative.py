@@ -167,7 +167,7 @@ def test_gpt_is_causal_and_finite_with_a_fully_masked_row(position, jit):
 
 # directional_bias: a key after the query (j > i) gives FIRE's f the input -x, so with the MLP above
 # h = relu([-x, 0.5 + x]) = (0, 0.5 + x) and the heads are (0.1, 2 (0.5 + x) - 0.2) = (0.1, 0.8 + 2x).
-FIRE_SIGNED_EXPECTED = {
+FIRE_DIRECTIONAL_EXPECTED = {
     (1, 3): (0.1, 2.384963),     # x = log 3 / log 4 = 0.792481
     (1, 12): (0.1, 2.737587),    # x = log 12 / log 13 = 0.968794
     (3, 12): (0.1, 2.595423),    # x = log 10 / log 13 = 0.897712
@@ -182,7 +182,7 @@ def test_directional_fire_bias_matches_the_formula(jit):
                                              directional=True),
                 jit, FIRE_Q, FIRE_K)
     q, k = list(map(int, FIRE_Q)), list(map(int, FIRE_K))
-    for (i, j), expected in {**FIRE_EXPECTED, **FIRE_SIGNED_EXPECTED}.items():
+    for (i, j), expected in {**FIRE_EXPECTED, **FIRE_DIRECTIONAL_EXPECTED}.items():
         np.testing.assert_allclose(bias[0, :, q.index(i), k.index(j)], expected, atol=1e-5)
 
 
