@@ -166,6 +166,14 @@ def test_stretching_is_refused_for_encodings_added_to_the_input():
     RandomizedConfig(positions="rope,t5,alibi,fire,kerple,none", stretch_test_positions=True)
 
 
+def test_random_distances_reach_the_randomized_alibi_model_only():
+    study = RandomizedConfig(positions="alibi", random_positions_form="distances")
+    assert model_config("alibi+random", "reverse_string", study).random_positions_form == "distances"
+    assert model_config("alibi", "reverse_string", study).random_positions is None
+    with pytest.raises(ValueError, match="random_positions_form"):
+        RandomizedConfig(positions="alibi,rope", random_positions_form="distances")
+
+
 def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it():
     study = RandomizedConfig(positions="alibi,fire,kerple", directional_bias=True)
     assert all(model_config(v, "reverse_string", study).directional_bias for v in study.variants)
@@ -174,11 +182,13 @@ def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it
         RandomizedConfig(positions="fire,t5", directional_bias=True)
 
 
+@pytest.mark.parametrize("form", ["positions", "distances"])
 @pytest.mark.parametrize("jit", [False, True])
-def test_evaluation_draws_from_the_range_it_is_given(jit):
+def test_evaluation_draws_from_the_range_it_is_given(jit, form):
     """eval_logits at max_position M computes what a model built to draw from [0, M) computes, with
     the same parameters and key: the range is the one thing it changes."""
-    study = RandomizedConfig(num_layers=1, d_model=16, num_heads=2, d_ff=32)
+    study = RandomizedConfig(positions="alibi", num_layers=1, d_model=16, num_heads=2, d_ff=32,
+                             random_positions_form=form)
     cfg = model_config("alibi+random", "reverse_string", study)
     stepper = Stepper(Bert(cfg, rngs=nnx.Rngs(0)), bert_loss, TrainConfig(batch_size=4, steps=1, warmup_steps=0))
     x = jnp.asarray(encode(*sample_task("reverse_string", np.random.default_rng(0), 4, 50), 100)["inputs"])

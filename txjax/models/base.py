@@ -15,7 +15,8 @@ from txjax.nn.random_positions import RandomPositions
 
 class Model(nnx.Module):
     """`config` (what is computed), `execution` (how), `embed` [V, D], `dropout` on embeddings,
-    and (with `config.random_positions`) the random positions drawn while training."""
+    and (with `config.random_positions` in its "positions" form) the random positions drawn while
+    training; ALiBi's random distances are drawn by each stack's `Positions`."""
 
     def __init__(self, config: TransformerConfig, rngs: nnx.Rngs, execution: ExecutionConfig | None):
         self.config = config
@@ -23,8 +24,9 @@ class Model(nnx.Module):
         self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype,
                            init=embedding_init(config))
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.random_positions = None if config.random_positions is None else RandomPositions(
-            config.random_positions, rngs=rngs, at_eval=config.random_positions_eval)
+        self.random_positions = RandomPositions(
+            config.random_positions, rngs=rngs, at_eval=config.random_positions_eval
+        ) if config.random_positions is not None and config.random_positions_form == "positions" else None
 
     def token_embeddings(self, tokens_BT: jax.Array) -> jax.Array:
         """The token table's rows, times sqrt(D) under `config.scale_embeddings` (Vaswani et al.)."""

@@ -180,12 +180,13 @@ class TransformerStack(nnx.Module):
         return cache.replace(
             valid_BS=jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT, (0, cache.index)))
 
-    def self_bias(self, q_positions_T, k_positions_S, k_valid_BS=None, documents_BT=None) -> jax.Array | None:
+    def self_bias(self, q_positions_T, k_positions_S, k_valid_BS=None, documents_BT=None,
+                  distances_BR=None) -> jax.Array | None:
         """The additive self-attention bias: the mask as 0 / -inf plus the relative bias, if any."""
         mask = ops.attention_mask(q_positions_T, k_positions_S, causal=self.causal, k_valid_BS=k_valid_BS,
                                   window=self.window, q_documents_BT=documents_BT, k_documents_BS=documents_BT)
         bias = None if mask is None else ops.mask_to_bias(mask)
-        relative = self.positions.attention_bias(q_positions_T, k_positions_S)
+        relative = self.positions.attention_bias(q_positions_T, k_positions_S, distances_BR)
         if relative is not None:
             bias = relative if bias is None else bias + relative
         return bias
@@ -214,8 +215,10 @@ class TransformerStack(nnx.Module):
         so stale or empty slots never leak in; the cache comes back with their keys and
         values written and `index` advanced by T.
         """
+        distances_BR = None
         if cache is None:
             k_positions_S, k_valid_BS = positions_T, valid_BT
+            distances_BR = self.positions.distances(x_BTD.shape[0], x_BTD.shape[1], valid_BT)
             cross_mask = ops.attention_mask(None, None, causal=False, k_valid_BS=enc_valid_BS,
                                             q_documents_BT=documents_BT if enc_documents_BS is not None else None,
                                             k_documents_BS=enc_documents_BS)
@@ -226,7 +229,7 @@ class TransformerStack(nnx.Module):
             k_positions_S = cache.positions(jnp.arange(cache.max_len, dtype=jnp.int32))
             k_valid_BS = cache.valid_BS
             cross_mask = cache.cross_mask
-        bias = self.self_bias(positions_T, k_positions_S, k_valid_BS, documents_BT)
+        bias = self.self_bias(positions_T, k_positions_S, k_valid_BS, documents_BT, distances_BR)
         cross_bias = None if cross_mask is None else ops.mask_to_bias(cross_mask)
         kwargs = dict(rotary=self.positions.rotary, positions=positions_T, enc_BSD=enc_BSD, cross_bias=cross_bias)
         layers = []

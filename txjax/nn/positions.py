@@ -10,6 +10,7 @@ from flax import nnx, struct
 from txjax import ops
 from txjax.config import ROTARY_POSITIONS, TransformerConfig
 from txjax.nn.layers import INIT, is_concrete
+from txjax.nn.random_positions import RandomDistances
 
 
 class Rotary(struct.PyTreeNode):
@@ -171,6 +172,9 @@ class Positions(nnx.Module):
             self.relative = KerpleBias(config, directional=self.directional, rngs=rngs)
         else:
             self.relative = None
+        self.random_distances = RandomDistances(
+            config.random_positions, rngs=rngs, at_eval=config.random_positions_eval
+        ) if config.random_positions_form == "distances" and config.random_positions is not None else None
 
     def embed(self, positions_T: jax.Array) -> jax.Array | None:
         if self.kind == "sinusoidal":
@@ -188,9 +192,15 @@ class Positions(nnx.Module):
                 raise ValueError(f"position {last} is beyond the learned table (max_len={self.max_len})")
         return jnp.take(self.table[...], positions_T, axis=0, mode="fill", fill_value=jnp.nan)
 
-    def attention_bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array | None:
+    def attention_bias(self, q_positions: jax.Array, k_positions: jax.Array,
+                       distances_BR: jax.Array | None = None) -> jax.Array | None:
+        """distances_BR: ALiBi's distance per offset (`distances`); None: the offset itself."""
         if self.relative is not None:
             return self.relative(q_positions, k_positions)
         if self.kind == "alibi":
-            return ops.alibi_bias(self.num_heads, q_positions, k_positions, self.directional)
+            return ops.alibi_bias(self.num_heads, q_positions, k_positions, self.directional, distances_BR)
         return None
+
+    def distances(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:
+        """The random distances of this forward pass ([B, T]), or None when there are none to draw."""
+        return None if self.random_distances is None else self.random_distances(batch, length, valid_BT)

@@ -1,4 +1,4 @@
-"""Randomized positions (Ruoss et al. 2023): the positions a sequence is encoded at, drawn while training."""
+"""Randomized positions (Ruoss et al. 2023): the positions, or ALiBi's distances, drawn while training."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from flax import nnx
 from txjax import ops
 
 
-class RandomPositions(nnx.Module):
-    """Each row's positions: a sorted random subset of [0, max_position) when training, else None.
+class RandomDraw(nnx.Module):
+    """What both draws share: the range, an RNG stream and when to draw.
 
-    It owns an RNG stream like `nnx.Dropout` (the train step re-keys it every step and micro-
-    batch, so a seed reproduces every draw) and a `deterministic` flag that evaluation views set;
-    `at_eval` draws in evaluation too, as the paper's code does.
+    The stream is forked like `nnx.Dropout`'s (the train step re-keys it every step and micro-
+    batch, so a seed reproduces every draw); the `deterministic` flag is set by evaluation views,
+    and `at_eval` draws in evaluation too, as the paper's code does.
     """
 
     def __init__(self, max_position: int, *, rngs: nnx.Rngs, at_eval: bool = False,
@@ -29,11 +29,19 @@ class RandomPositions(nnx.Module):
         if deterministic is not None:
             self.deterministic = deterministic
 
+    @property
+    def drawing(self) -> bool:
+        return self.at_eval or not self.deterministic
+
+
+class RandomPositions(RandomDraw):
+    """Each row's positions: a sorted random subset of [0, max_position) when drawing, else None."""
+
     def __call__(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:
         """int32 [B, T], or None: use 0..T-1. valid_BT (False at pads): the row's k-th real token
         gets the k-th of k sorted draws, so padding does not change a row's positions; a pad gets
         its preceding real token's position (pads are never attended to)."""
-        if self.deterministic and not self.at_eval:
+        if not self.drawing:
             return None
         if valid_BT is None:
             return ops.random_positions(self.rngs(), batch, length, self.max_position)
@@ -41,3 +49,19 @@ class RandomPositions(nnx.Module):
                                         lengths_B=valid_BT.sum(axis=-1))
         rank_BT = jnp.maximum(jnp.cumsum(valid_BT, axis=-1) - 1, 0)
         return jnp.take_along_axis(drawn_BT, rank_BT, axis=1)
+
+
+class RandomDistances(RandomDraw):
+    """ALiBi's distance at each offset, per row (`ops.random_distances`) when drawing, else None.
+
+    Owned by a stack's `Positions`, which draws once per forward pass for all its layers (their
+    code draws per layer, and once per batch); positions stay 0..T-1. Packed documents share their
+    row's draw."""
+
+    def __call__(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:
+        """int32 [B, T], or None: distance = offset. valid_BT (False at pads; a row's real tokens
+        one contiguous run): a row's offsets up to its real length are drawn as if it had no pads."""
+        if not self.drawing:
+            return None
+        return ops.random_distances(self.rngs(), batch, length, self.max_position,
+                                    None if valid_BT is None else valid_BT.sum(axis=-1))

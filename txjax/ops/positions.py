@@ -227,16 +227,22 @@ def document_positions(document_ids_BT: jax.Array) -> jax.Array:
 
 
 def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array,
-               directional: bool = False) -> jax.Array:
+               directional: bool = False, distances_BR: jax.Array | None = None) -> jax.Array:
     """[1, N, T, S] bias -slope_n * |q_pos - k_pos| ([B, N, T, S] for per-row positions).
 
     For causal attention this is the paper's slope * (k - q) on every key a query may
     see; the absolute value makes the same function serve bidirectional attention.
     `directional` (an encoder): keys before the query get slope_n / 2 more, as Ruoss et al.'s
     code does "to break the symmetry (otherwise, the model cannot distinguish left and right)".
+    distances_BR (`random_distances`): row b's distance at offset |q_pos - k_pos| = r is
+    distances_BR[b, r] instead of r; the bias is then [B, N, T, S].
     """
     offset_BTS = relative_positions(q_positions, k_positions)
-    distance_BTS = jnp.abs(offset_BTS).astype(jnp.float32)
+    if distances_BR is None:
+        distance_BTS = jnp.abs(offset_BTS).astype(jnp.float32)
+    else:
+        rows_B11 = jnp.arange(distances_BR.shape[0])[:, None, None]
+        distance_BTS = distances_BR[rows_B11, jnp.abs(offset_BTS)].astype(jnp.float32)
     if directional:
         distance_BTS = distance_BTS - 0.5 * (offset_BTS < 0)
     return -alibi_slopes(num_heads)[None, :, None, None] * distance_BTS[:, None]
@@ -263,6 +269,26 @@ def random_positions(key: jax.Array, batch: int, length: int, max_position: int,
     kept_BT = jnp.arange(length)[None, :] < jnp.asarray(lengths_B)[:, None]
     sorted_BT = jnp.sort(jnp.where(kept_BT, ranks_BT, max_position), axis=-1)
     return jnp.where(kept_BT, sorted_BT, 0).astype(jnp.int32)
+
+
+def random_distances(key: jax.Array, batch: int, length: int, max_distance: int,
+                     lengths_B: jax.Array | None = None) -> jax.Array:
+    """int32 [B, T]: per row, the distance at each offset r = |i - j|: 0 at r = 0, then T - 1
+    distinct distances drawn uniformly from [1, max_distance), sorted.
+
+    Ruoss et al.'s code's random ALiBi (`compute_noisy_alibi_encodings_biases`): the distance of
+    two tokens is a function of their offset alone, the same for every query of a row, where
+    random positions (`random_positions`) give each pair of tokens its own. lengths_B (a padded
+    batch): row b's offsets 1 .. lengths_B[b] - 1 are drawn as if the row were alone; the entries
+    after them are 0 (only pads sit that far apart).
+    """
+    if length > max_distance:
+        raise ValueError(f"random_distances: {length} tokens need max_distance >= {length}, got {max_distance}")
+    offsets_B = None if lengths_B is None else jnp.maximum(jnp.asarray(lengths_B) - 1, 0)
+    drawn_BR = random_positions(key, batch, length - 1, max_distance - 1, offsets_B) + 1
+    if offsets_B is not None:
+        drawn_BR = jnp.where(jnp.arange(length - 1)[None, :] < offsets_B[:, None], drawn_BR, 0)
+    return jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), drawn_BR], axis=1)
 
 
 def _query_key_BTS(q_positions: jax.Array, k_positions: jax.Array) -> tuple[jax.Array, jax.Array]:

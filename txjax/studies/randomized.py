@@ -9,7 +9,8 @@ the input followed by one BLANK per output token; its outputs at the BLANKs are 
 reverse_string (n), duplicate_string (2n), parity_check (1), modular_arithmetic (1; modulus 5,
 operators + - *, an odd number of tokens: an even length drops its last token). Random
 positions are a sorted random subset of [0, max_position) drawn in training and evaluation
-alike, as their code does.
+alike, as their code does; with `random_positions_form="distances"`, ALiBi as their code randomizes
+it: positions stay 0..T-1 and each offset gets a sorted random distance (`ops.random_distances`).
 
 Unlike their code, every batch is padded (so XLA compiles one step per padded width, not one per
 length) with the pads masked and each row's random positions drawn as if unpadded
@@ -34,6 +35,7 @@ from flax import nnx
 from txjax import Bert
 from txjax.config import ABSOLUTE_POSITIONS, DIRECTIONAL_POSITIONS, BertConfig, positions_for
 from txjax.data import IGNORE_INDEX
+from txjax.nn.random_positions import RandomDraw
 from txjax.studies.common import (
     append_jsonl,
     done_runs,
@@ -80,6 +82,7 @@ class RandomizedConfig:
     learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias; their code's ALiBi does)
+    random_positions_form: str = "positions"  # "distances": ALiBi's random distance per offset, their code's form (BertConfig.random_positions_form)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
@@ -98,6 +101,9 @@ class RandomizedConfig:
                              "it is for encodings that act in attention")
         if self.directional_bias and set(parse_list(self.positions)) - set(DIRECTIONAL_POSITIONS):
             raise ValueError(f"directional_bias is for {DIRECTIONAL_POSITIONS}, got positions={self.positions!r}")
+        if self.random_positions_form != "positions" and set(parse_list(self.positions)) != {"alibi"}:
+            raise ValueError(f"random_positions_form={self.random_positions_form!r} is for positions=alibi, "
+                             f"got {self.positions!r}")
         widest = max(width(t, self.test_max) for t in parse_list(self.tasks))
         if self.max_position < widest:
             raise ValueError(f"max_position={self.max_position} is below the widest test row ({widest} tokens)")
@@ -199,15 +205,17 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         activation="relu", dropout=study.dropout, position=position, embedding_norm=False,
         position_init_std=study.learned_init_std, directional_bias=study.directional_bias,
         scale_embeddings=True, type_vocab_size=1, pad_id=PAD,
-        random_positions=study.max_position if randomized else None, random_positions_eval=randomized)
+        random_positions=study.max_position if randomized else None, random_positions_eval=randomized,
+        random_positions_form=study.random_positions_form)
 
 
 def eval_logits(stepper: Stepper, params, inputs_BT: jax.Array, key: jax.Array, max_position: int) -> jax.Array:
-    """The evaluation model's logits. A randomized model draws its positions here too, from
-    [0, max_position), with a fresh key per call (the RNG state built inside)."""
+    """The evaluation model's logits. A randomized model draws its positions (or distances) here
+    too, from [0, max_position), with a fresh key per call (the RNG state built inside)."""
     model = nnx.merge(stepper.eval_graphdef, params, fresh_rngs(stepper.rest, key))
-    if model.random_positions is not None:
-        model.random_positions.max_position = max_position
+    for _, module in nnx.iter_graph(model):
+        if isinstance(module, RandomDraw):
+            module.max_position = max_position
     return model(inputs_BT)
 
 

@@ -1,0 +1,141 @@
+"""Random ALiBi distances (Ruoss et al.'s code's `compute_noisy_alibi_encodings_biases`): a random
+distance per offset, the same for every query of a row, where random positions give each pair its own."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from txjax import GPT, Bert, BertConfig, GPTConfig, decoding, ops
+from txjax.train.config import TrainConfig
+from txjax.train.steps import Stepper, fresh_rngs, gpt_loss
+
+TINY = dict(vocab_size=13, max_len=32, d_model=16, num_heads=2, num_layers=2, d_ff=32, position="alibi")
+DISTANCES = dict(random_positions=24, random_positions_form="distances")
+
+
+def draw_fn(jit):
+    return jax.jit(ops.random_distances, static_argnums=(1, 2, 3)) if jit else ops.random_distances
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_distance_per_offset_zero_then_sorted_distinct_in_range(jit):
+    d = np.asarray(draw_fn(jit)(jax.random.key(0), 500, 6, 12))
+    assert d.shape == (500, 6) and d.dtype == np.int32
+    np.testing.assert_array_equal(d[:, 0], 0)  # a token is at distance 0 from itself
+    assert np.all(np.diff(d, axis=1) > 0) and d.max() < 12  # offsets 1..5: distinct, sorted, in [1, 12)
+    assert set(np.unique(d[:, 1:])) == set(range(1, 12))  # every distance of the range is drawn
+    np.testing.assert_array_equal(d, draw_fn(jit)(jax.random.key(0), 500, 6, 12))
+    assert not np.array_equal(d, draw_fn(jit)(jax.random.key(1), 500, 6, 12))
+    np.testing.assert_array_equal(ops.random_distances(jax.random.key(0), 3, 1, 12), 0)
+    with pytest.raises(ValueError, match="max_distance >= 13"):
+        ops.random_distances(jax.random.key(0), 1, 13, 12)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_padded_row_draws_its_offsets_as_if_alone(jit):
+    """A 2-token row's one distance is uniform over [1, R) (E = R / 2), padded or not; the first of
+    5 sorted draws would crowd low (E = R / 6); entries beyond the row's offsets are 0."""
+    lengths = np.array([2, 4] * 2000)
+    d = np.asarray(draw_fn(jit)(jax.random.key(0), 4000, 6, 12, jnp.asarray(lengths)))
+    np.testing.assert_array_equal(d[lengths == 2, 2:], 0)
+    np.testing.assert_array_equal(d[lengths == 4, 4:], 0)
+    assert np.all(np.diff(d[lengths == 4, :4], axis=1) > 0)
+    pair = d[lengths == 2, 1]
+    np.testing.assert_allclose(np.bincount(pair, minlength=12)[1:] / len(pair), 1 / 11, atol=0.03)
+    assert abs(pair.mean() - 6.0) < 0.2
+
+
+@pytest.mark.parametrize("directional", [False, True])
+def test_alibi_with_distances_is_the_formula_and_depends_on_the_offset_alone(directional):
+    """bias[b, n, i, j] = -m_n * (D_b[|i - j|] - 0.5 [j < i, directional]); D_b[r] = r is plain ALiBi."""
+    d_BR = ops.random_distances(jax.random.key(2), 3, 7, 50)
+    t = jnp.arange(7)
+    bias = np.asarray(ops.alibi_bias(4, t, t, directional, d_BR))
+    assert bias.shape == (3, 4, 7, 7)
+    slopes = np.asarray(ops.alibi_slopes(4))
+    i, j = np.meshgrid(np.arange(7), np.arange(7), indexing="ij")
+    for b in range(3):
+        distance = np.asarray(d_BR[b])[np.abs(i - j)] - 0.5 * ((j < i) & directional)
+        np.testing.assert_allclose(bias[b], -slopes[:, None, None] * distance[None], rtol=1e-6)
+        for k in range(-6, 7):  # Toeplitz: one value per diagonal
+            assert len(np.unique(np.diagonal(bias[b], offset=k, axis1=1, axis2=2), axis=1)[0]) == 1
+    identity = jnp.broadcast_to(jnp.arange(7, dtype=jnp.int32), (3, 7))
+    np.testing.assert_array_equal(ops.alibi_bias(4, t, t, directional, identity),
+                                  np.broadcast_to(ops.alibi_bias(4, t, t, directional), bias.shape))
+
+
+def split(m):
+    graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+    return lambda key: nnx.merge(graphdef, params, fresh_rngs(rest, key))  # as the train step does
+
+
+def test_drawn_while_training_per_step_off_in_evaluation_and_positions_stay_plain():
+    m = Bert(BertConfig(**TINY, **DISTANCES), rngs=nnx.Rngs(0))
+    plain = Bert(BertConfig(**TINY), rngs=nnx.Rngs(0))
+    assert m.random_positions is None and plain.encoder.positions.random_distances is None
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (3, 6)), jnp.int32)
+    train = split(m)
+    a, b, again = (np.asarray(train(k).encoder.positions.distances(3, 6)) for k in map(jax.random.key, (0, 1, 0)))
+    assert a.shape == (3, 6) and np.all(np.diff(a, axis=1) > 0) and a.max() < 24
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(a, again)
+    np.testing.assert_array_equal(train(jax.random.key(0)).positions(tokens), np.arange(6))
+    evaluated = nnx.view(m, deterministic=True, raise_if_not_found=False)
+    assert evaluated.encoder.positions.distances(3, 6) is None
+    nnx.update(plain, nnx.state(m, nnx.Param))  # the same parameters
+    plain_eval = nnx.view(plain, deterministic=True, raise_if_not_found=False)
+    np.testing.assert_allclose(evaluated(tokens), plain_eval(tokens), rtol=1e-6, atol=1e-6)
+    asked = Bert(BertConfig(**TINY, **DISTANCES, random_positions_eval=True), rngs=nnx.Rngs(0))
+    assert nnx.view(asked, deterministic=True, raise_if_not_found=False).encoder.positions.distances(3, 6).shape == (3, 6)
+
+
+def test_padding_does_not_change_a_rows_distances():
+    """Padded to 12 or 20 tokens, a 3-token row's distance at offset 2 averages 2 R / 3 (the larger of
+    two draws from [1, R)), as unpadded; pads do not change the real tokens' training loss either."""
+    m = Bert(BertConfig(**TINY, **DISTANCES, pad_id=0), rngs=nnx.Rngs(0))
+    positions = split(m)(jax.random.key(0)).encoder.positions
+    for width in (3, 12, 20):
+        valid = jnp.zeros((2000, width), bool).at[:, :3].set(True)
+        d = np.asarray(positions.distances(2000, width, valid))
+        assert np.all(np.diff(d[:, :3], axis=1) > 0)
+        assert abs(d[:, 2].mean() - (2 * 24 / 3)) < 0.3, (width, d[:, 2].mean())
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_causal_stack_with_distances_never_reads_ahead_and_trains(jit):
+    m = GPT(GPTConfig(**TINY, **DISTANCES), rngs=nnx.Rngs(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 8)), jnp.int32)
+    train = split(m)
+
+    def logit_3(x_BTD):
+        mm = train(jax.random.key(5))
+        positions = mm.positions(tokens)
+        h, _ = mm.decoder(x_BTD, positions)
+        return jnp.sum(mm.logits(h)[:, 3])
+
+    grad = (jax.jit(jax.grad(logit_3)) if jit else jax.grad(logit_3))(m.embed(tokens))
+    np.testing.assert_array_equal(grad[:, 4:], 0.0)
+    assert np.abs(grad[:, :4]).sum() > 0
+    stepper = Stepper(m, gpt_loss, TrainConfig(batch_size=2, steps=1, warmup_steps=0))
+    _, metrics = stepper.train_step(stepper.init_state(), {"inputs": tokens, "targets": tokens}, jax.random.key(0))
+    assert np.isfinite(float(metrics["loss"]))
+
+
+def test_cached_decoding_does_not_draw():
+    """A cache is filled one call at a time, so a draw per call could not hold; decoding reads the
+    plain distances, with or without the cache."""
+    m = GPT(GPTConfig(**TINY, **DISTANCES), rngs=nnx.Rngs(0))
+    prompt = jnp.asarray([[3, 4, 5]], jnp.int32)
+    cached, full = (decoding.generate(m, prompt, 5, key=jax.random.key(0), temperature=0.0, use_cache=c)
+                    for c in (True, False))
+    np.testing.assert_array_equal(cached, full)
+
+
+def test_the_form_is_validated():
+    with pytest.raises(ValueError, match="ALiBi"):
+        BertConfig(**{**TINY, "position": "rope"}, **DISTANCES)
+    with pytest.raises(ValueError, match="random_positions_form"):
+        BertConfig(**TINY, random_positions=24, random_positions_form="offsets")
+    assert BertConfig(**TINY, random_positions_form="distances").random_positions is None  # off: nothing drawn
