@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from txjax import GPT, T5, Bert, BertConfig, GPTConfig, T5Config, ops
+from txjax import GPT, T5, Bert, BertConfig, GPTConfig, T5Config, ops, scoring
+from txjax.decoding import generate
 from txjax.config import POSITIONS
 from txjax.train.config import TrainConfig
 from txjax.train.steps import Stepper, fresh_rngs, gpt_loss
@@ -176,3 +177,18 @@ def test_padding_does_not_change_a_rows_random_positions(family):
         assert np.all(np.diff(p[:, :3], axis=1) > 0)
         assert abs(p[:, 2].mean() - (3 * 25 / 4 - 1)) < 0.4, (width, p[:, 2].mean())
         np.testing.assert_array_equal(p[:, 3:], np.repeat(p[:, 2:3], width - 3, axis=1))
+
+
+@pytest.mark.parametrize("form", ["positions", "distances"])
+def test_scoring_and_decoding_read_plain_positions_from_a_model_left_in_training_mode(form):
+    """Like dropout, random positions are a training-time draw: `score` and `generate` (cached or
+    not) of a model in training mode compute what its evaluation view computes."""
+    m = model("gpt", position="alibi", random_positions=24, random_positions_form=form)
+    prompt = jnp.asarray([[3, 4, 5, 6, 7, 8]], jnp.int32)
+    in_training = scoring.score(m, prompt, prompt)
+    greedy = [generate(m, prompt, 6, key=jax.random.key(0), temperature=0.0, use_cache=c) for c in (True, False)]
+    m.eval()
+    for a, b in zip(jax.tree.leaves(in_training), jax.tree.leaves(scoring.score(m, prompt, prompt)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for tokens in greedy:
+        np.testing.assert_array_equal(tokens, generate(m, prompt, 6, key=jax.random.key(0), temperature=0.0))

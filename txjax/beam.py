@@ -137,7 +137,7 @@ def beam_search(
     pad_id = config.pad_id if config.pad_id is not None else eos_id
     if max_new_tokens == 0:
         return prefix_BT, jnp.zeros(prefix_BT.shape[:1], jnp.float32)
-    graphdef, state = nnx.split(nnx.view(model, only=nnx.Dropout, deterministic=True))
+    graphdef, state = nnx.split(nnx.view(model, deterministic=True, raise_if_not_found=False))
     tokens, score = _beam_loop(
         graphdef, state, source_BS, prefix_BT, max_new_tokens=max_new_tokens, num_beams=num_beams,
         length_penalty=float(length_penalty), eos_id=eos_id, pad_id=0 if pad_id is None else pad_id,

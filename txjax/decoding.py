@@ -305,7 +305,7 @@ def generate(
         prefix_BT = shift_rows(prefix_BT, start_B, fill)
     if max_new_tokens == 0:
         return prefix_BT if start_B is None else shift_rows(prefix_BT, -start_B, fill)
-    graphdef, state = nnx.split(nnx.view(model, only=nnx.Dropout, deterministic=True))
+    graphdef, state = nnx.split(nnx.view(model, deterministic=True, raise_if_not_found=False))
     out_BL = _generate_loop(
         graphdef, state, source_BS, prefix_BT, key, start_B, lengths_B if is_t5 else None,
         max_new_tokens=max_new_tokens, temperature=float(temperature),

@@ -51,7 +51,7 @@ def score(model: GPT | T5, prompt_BT: jax.Array, continuation_BC: jax.Array,
 
     mask_BC (bool [B, C], default all True) marks the real continuation tokens; pad them
     at the end of a row (a causal model never lets real tokens see them). Masked tokens
-    add 0 to the total and count as greedy. Dropout is off.
+    add 0 to the total and count as greedy. Dropout and random positions are off (as in evaluation).
     """
     if not isinstance(model, (GPT, T5)):
         raise TypeError(f"score supports GPT and T5 models, got {type(model).__name__}")
@@ -67,5 +67,5 @@ def score(model: GPT | T5, prompt_BT: jax.Array, continuation_BC: jax.Array,
     mask_BC = jnp.ones(continuation_BC.shape, bool) if mask_BC is None else jnp.asarray(mask_BC, bool)
     if mask_BC.shape != continuation_BC.shape:
         raise ValueError(f"mask shape {mask_BC.shape} != continuation shape {continuation_BC.shape}")
-    graphdef, state = nnx.split(nnx.view(model, only=nnx.Dropout, deterministic=True))
+    graphdef, state = nnx.split(nnx.view(model, deterministic=True, raise_if_not_found=False))
     return _score(graphdef, state, prompt_BT, continuation_BC, mask_BC)
