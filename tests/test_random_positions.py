@@ -179,7 +179,7 @@ def test_padding_does_not_change_a_rows_random_positions(family):
         np.testing.assert_array_equal(p[:, 3:], np.repeat(p[:, 2:3], width - 3, axis=1))
 
 
-@pytest.mark.parametrize("form", ["positions", "distances"])
+@pytest.mark.parametrize("form", ["positions", "distances", "layers"])
 def test_scoring_and_decoding_read_plain_positions_from_a_model_left_in_training_mode(form):
     """Like dropout, random positions are a training-time draw: `score` and `generate` (cached or
     not) of a model in training mode compute what its evaluation view computes."""

@@ -166,12 +166,16 @@ def test_stretching_is_refused_for_encodings_added_to_the_input():
     RandomizedConfig(positions="rope,t5,alibi,fire,kerple,none", stretch_test_positions=True)
 
 
-def test_random_distances_reach_the_randomized_alibi_model_only():
+def test_the_random_form_reaches_the_randomized_models_it_applies_to():
     study = RandomizedConfig(positions="alibi", random_positions_form="distances")
     assert model_config("alibi+random", "reverse_string", study).random_positions_form == "distances"
     assert model_config("alibi", "reverse_string", study).random_positions is None
     with pytest.raises(ValueError, match="random_positions_form"):
         RandomizedConfig(positions="alibi,rope", random_positions_form="distances")
+    layers = RandomizedConfig(positions="rope,t5,alibi", random_positions_form="layers")
+    assert model_config("rope+random", "reverse_string", layers).random_positions_form == "layers"
+    with pytest.raises(ValueError, match="random_positions_form"):
+        RandomizedConfig(positions="rope,sinusoidal", random_positions_form="layers")
 
 
 def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it():
@@ -182,7 +186,7 @@ def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it
         RandomizedConfig(positions="fire,t5", directional_bias=True)
 
 
-@pytest.mark.parametrize("form", ["positions", "distances"])
+@pytest.mark.parametrize("form", ["positions", "distances", "layers"])
 @pytest.mark.parametrize("jit", [False, True])
 def test_evaluation_draws_from_the_range_it_is_given(jit, form):
     """eval_logits at max_position M computes what a model built to draw from [0, M) computes, with

@@ -23,7 +23,7 @@ ABSOLUTE_POSITIONS = ("learned", "sinusoidal")  # a vector per position added to
 DIRECTIONAL_POSITIONS = ("alibi", "fire", "kerple")  # biases of |i - j| that directional_bias can split by the key's side
 ROTARY_POSITIONS = ("rope", "xpos")  # rotate queries and keys; the rope_scaling fields apply
 CAUSAL_ONLY_POSITIONS = ("xpos",)  # defined for causal attention only: refused where a stack is bidirectional
-RANDOM_POSITION_FORMS = ("positions", "distances")  # TransformerConfig.random_positions_form
+RANDOM_POSITION_FORMS = ("positions", "distances", "layers")  # TransformerConfig.random_positions_form
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "bfloat16")
@@ -103,7 +103,7 @@ class TransformerConfig:
     position_init_std: float = 0.02  # learned: std of the table's normal init (Ruoss et al.'s code: hk.Embed's default, 1.0)
     random_positions: int | None = None  # Ruoss et al. 2023: while training, each sequence's positions are a sorted random subset of [0, random_positions) instead of 0..T-1; None: off
     random_positions_eval: bool = False  # draw random positions in evaluation too (the paper's code does); False: 0..T-1 there
-    random_positions_form: str = "positions"  # "positions": each token's position is drawn (per row); "distances" (ALiBi only, Ruoss et al.'s code's random ALiBi): positions stay 0..T-1 and each offset 1, 2, ... gets a sorted random distance from [1, random_positions), per row and stack, the same for every query
+    random_positions_form: str = "positions"  # "positions": each token's position is drawn (per row); "distances" (ALiBi only, Ruoss et al.'s code's random ALiBi): positions stay 0..T-1 and each offset 1, 2, ... gets a sorted random distance from [1, random_positions), per row and stack, the same for every query; "layers" (encodings that act in attention; Ruoss et al.'s code's RoPE): each attention layer draws its own positions, no packed documents
     pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
     dtype: str = "float32"  # compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32
     fire_mlp_width: int = 32  # FIRE: hidden width of the MLP 1 -> W -> N heads
@@ -166,6 +166,9 @@ class TransformerConfig:
             if self.random_positions_form == "distances" and self.position != "alibi":
                 raise ValueError(f"random_positions_form='distances' is ALiBi's (Ruoss et al.'s code), "
                                  f"got position={self.position!r}")
+            if self.random_positions_form == "layers" and self.position in (*ABSOLUTE_POSITIONS, "none"):
+                raise ValueError(f"random_positions_form='layers' draws positions inside attention, which "
+                                 f"position={self.position!r} does not use")
             if self.position == "learned" and self.random_positions > self.max_len:
                 raise ValueError(f"random_positions={self.random_positions} needs a learned table of as many rows, "
                                  f"but max_len={self.max_len}")

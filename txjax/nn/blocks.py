@@ -232,8 +232,14 @@ class TransformerStack(nnx.Module):
         bias = self.self_bias(positions_T, k_positions_S, k_valid_BS, documents_BT, distances_BR)
         cross_bias = None if cross_mask is None else ops.mask_to_bias(cross_mask)
         kwargs = dict(rotary=self.positions.rotary, positions=positions_T, enc_BSD=enc_BSD, cross_bias=cross_bias)
+        if documents_BT is not None and self.positions.random_layer_positions is not None:
+            raise ValueError("random positions drawn per layer are for unpacked rows")
         layers = []
         for i, block in enumerate(self.blocks):
+            drawn_BT = None if cache is not None else self.positions.layer_positions(*x_BTD.shape[:2], valid_BT)
+            if drawn_BT is not None:  # the `layers` form: this layer's own positions
+                bias = self.self_bias(drawn_BT, drawn_BT, k_valid_BS, documents_BT)
+                kwargs["positions"] = drawn_BT
             if cache is None and self.remat:
                 x_BTD, layer = remat_block(block, x_BTD, bias, **kwargs)
             else:

@@ -10,7 +10,7 @@ from flax import nnx, struct
 from txjax import ops
 from txjax.config import ROTARY_POSITIONS, TransformerConfig
 from txjax.nn.layers import INIT, is_concrete
-from txjax.nn.random_positions import RandomDistances
+from txjax.nn.random_positions import RandomDistances, RandomPositions
 
 
 class Rotary(struct.PyTreeNode):
@@ -172,9 +172,10 @@ class Positions(nnx.Module):
             self.relative = KerpleBias(config, directional=self.directional, rngs=rngs)
         else:
             self.relative = None
-        self.random_distances = RandomDistances(
-            config.random_positions, rngs=rngs, at_eval=config.random_positions_eval
-        ) if config.random_positions_form == "distances" and config.random_positions is not None else None
+        form = None if config.random_positions is None else config.random_positions_form
+        draw = dict(max_position=config.random_positions, rngs=rngs, at_eval=config.random_positions_eval)
+        self.random_distances = RandomDistances(**draw) if form == "distances" else None
+        self.random_layer_positions = RandomPositions(**draw) if form == "layers" else None
 
     def embed(self, positions_T: jax.Array) -> jax.Array | None:
         if self.kind == "sinusoidal":
@@ -204,3 +205,7 @@ class Positions(nnx.Module):
     def distances(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:
         """The random distances of this forward pass ([B, T]), or None when there are none to draw."""
         return None if self.random_distances is None else self.random_distances(batch, length, valid_BT)
+
+    def layer_positions(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:
+        """One attention layer's random positions ([B, T]; the `layers` form), or None."""
+        return None if self.random_layer_positions is None else self.random_layer_positions(batch, length, valid_BT)

@@ -82,7 +82,7 @@ class RandomizedConfig:
     learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias; their code's ALiBi does)
-    random_positions_form: str = "positions"  # "distances": ALiBi's random distance per offset, their code's form (BertConfig.random_positions_form)
+    random_positions_form: str = "positions"  # "distances": ALiBi's random distance per offset, their code's form; "layers": positions drawn per attention layer, their code's RoPE (BertConfig.random_positions_form)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
@@ -101,9 +101,11 @@ class RandomizedConfig:
                              "it is for encodings that act in attention")
         if self.directional_bias and set(parse_list(self.positions)) - set(DIRECTIONAL_POSITIONS):
             raise ValueError(f"directional_bias is for {DIRECTIONAL_POSITIONS}, got positions={self.positions!r}")
-        if self.random_positions_form != "positions" and set(parse_list(self.positions)) != {"alibi"}:
-            raise ValueError(f"random_positions_form={self.random_positions_form!r} is for positions=alibi, "
-                             f"got {self.positions!r}")
+        allowed = {"positions": positions_for("bert"), "distances": ("alibi",),
+                   "layers": tuple(p for p in positions_for("bert") if p not in (*ABSOLUTE_POSITIONS, "none"))}
+        if not set(parse_list(self.positions)) <= set(allowed.get(self.random_positions_form, ())):
+            raise ValueError(f"random_positions_form={self.random_positions_form!r} is for positions in "
+                             f"{allowed.get(self.random_positions_form)}, got {self.positions!r}")
         widest = max(width(t, self.test_max) for t in parse_list(self.tasks))
         if self.max_position < widest:
             raise ValueError(f"max_position={self.max_position} is below the widest test row ({widest} tokens)")

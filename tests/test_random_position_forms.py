@@ -1,5 +1,8 @@
-"""Random ALiBi distances (Ruoss et al.'s code's `compute_noisy_alibi_encodings_biases`): a random
-distance per offset, the same for every query of a row, where random positions give each pair its own."""
+"""The two other forms of random positions, each the form Ruoss et al.'s code gives an encoding.
+
+distances (its ALiBi, `compute_noisy_alibi_encodings_biases`): a random distance per offset, the
+same for every query of a row, where random positions give each pair its own. layers (its RoPE,
+drawn inside each attention layer): every attention layer draws its own positions."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +11,7 @@ import pytest
 from flax import nnx
 
 from txjax import GPT, Bert, BertConfig, GPTConfig, decoding, ops
+from txjax.nn.positions import Positions
 from txjax.train.config import TrainConfig
 from txjax.train.steps import Stepper, fresh_rngs, gpt_loss
 
@@ -139,3 +143,55 @@ def test_the_form_is_validated():
     with pytest.raises(ValueError, match="random_positions_form"):
         BertConfig(**TINY, random_positions=24, random_positions_form="offsets")
     assert BertConfig(**TINY, random_positions_form="distances").random_positions is None  # off: nothing drawn
+    for position in ("learned", "sinusoidal", "none"):
+        with pytest.raises(ValueError, match="inside attention"):
+            BertConfig(**{**TINY, "position": position}, random_positions=24, random_positions_form="layers")
+
+
+LAYERS = dict(random_positions=24, random_positions_form="layers")
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "t5"])
+def test_every_layer_draws_its_own_positions_while_training_and_none_in_evaluation(position, monkeypatch):
+    drawn = []
+    original = Positions.layer_positions
+
+    def spy(self, *args):
+        out = original(self, *args)
+        drawn.append(None if out is None else np.asarray(out))
+        return out
+
+    monkeypatch.setattr(Positions, "layer_positions", spy)
+    cfg = BertConfig(**{**TINY, "position": position, "num_layers": 3}, **LAYERS)
+    m = Bert(cfg, rngs=nnx.Rngs(0))
+    assert m.random_positions is None
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 7)), jnp.int32)
+    out = split(m)(jax.random.key(0))(tokens)
+    assert len(drawn) == 3 and np.isfinite(np.asarray(out)).all()
+    for p in drawn:
+        assert p.shape == (2, 7) and np.all(np.diff(p, axis=1) > 0) and p.min() >= 0 and p.max() < 24
+    assert len({p.tobytes() for p in drawn}) == 3  # three layers, three draws
+    drawn.clear()
+    evaluated = nnx.view(m, deterministic=True, raise_if_not_found=False)
+    plain = Bert(BertConfig(**{**TINY, "position": position, "num_layers": 3}), rngs=nnx.Rngs(0))
+    nnx.update(plain, nnx.state(m, nnx.Param))
+    np.testing.assert_allclose(evaluated(tokens), nnx.view(plain, deterministic=True, raise_if_not_found=False)(tokens),
+                               rtol=1e-6, atol=1e-6)
+    assert len(drawn) == 6 and all(p is None for p in drawn)  # both models, three layers each, no draw
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_causal_stack_drawing_per_layer_never_reads_ahead(jit):
+    m = GPT(GPTConfig(**{**TINY, "position": "rope"}, **LAYERS), rngs=nnx.Rngs(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 8)), jnp.int32)
+
+    def logit_3(x_BTD):
+        mm = split(m)(jax.random.key(5))
+        h, _ = mm.decoder(x_BTD, mm.positions(tokens))
+        return jnp.sum(mm.logits(h)[:, 3])
+
+    grad = (jax.jit(jax.grad(logit_3)) if jit else jax.grad(logit_3))(m.embed(tokens))
+    np.testing.assert_array_equal(grad[:, 4:], 0.0)
+    assert np.abs(grad[:, :4]).sum() > 0
+    with pytest.raises(ValueError, match="unpacked"):
+        split(m)(jax.random.key(0))(tokens, document_ids_BT=jnp.zeros_like(tokens))
