@@ -16,7 +16,7 @@ from txjax.nn.random_positions import RandomPositions
 class Model(nnx.Module):
     """`config` (what is computed), `execution` (how), `embed` [V, D], `dropout` on embeddings,
     and (with `config.random_positions` in its "positions" form) the random positions drawn while
-    training; ALiBi's random distances are drawn by each stack's `Positions`."""
+    training; each stack's `Positions` draws the other forms."""
 
     def __init__(self, config: TransformerConfig, rngs: nnx.Rngs, execution: ExecutionConfig | None):
         self.config = config

@@ -9,8 +9,9 @@ the input followed by one BLANK per output token; its outputs at the BLANKs are 
 reverse_string (n), duplicate_string (2n), parity_check (1), modular_arithmetic (1; modulus 5,
 operators + - *, an odd number of tokens: an even length drops its last token). Random
 positions are a sorted random subset of [0, max_position) drawn in training and evaluation
-alike, as their code does; with `random_positions_form="distances"`, ALiBi as their code randomizes
-it: positions stay 0..T-1 and each offset gets a sorted random distance (`ops.random_distances`).
+alike, as their code does. Two forms follow their code more closely (`random_positions_form`):
+"distances", its ALiBi (positions stay 0..T-1 and each offset gets a sorted random distance,
+`ops.random_distances`), and "layers", its RoPE (each attention layer draws its own positions).
 
 Unlike their code, every batch is padded (so XLA compiles one step per padded width, not one per
 length) with the pads masked and each row's random positions drawn as if unpadded
