@@ -176,6 +176,11 @@ def test_the_random_form_reaches_the_randomized_models_it_applies_to():
     assert model_config("rope+random", "reverse_string", layers).random_positions_form == "layers"
     with pytest.raises(ValueError, match="random_positions_form"):
         RandomizedConfig(positions="rope,sinusoidal", random_positions_form="layers")
+    theirs = RandomizedConfig(random_positions_form="theirs")
+    assert {v: model_config(v, "reverse_string", theirs).random_positions_form for v in theirs.variants
+            if v.endswith("+random")} == {"sinusoidal+random": "positions", "learned+random": "positions",
+                                          "rope+random": "layers", "t5+random": "positions",
+                                          "alibi+random": "distances"}
 
 
 def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it():

@@ -61,6 +61,7 @@ OPERATORS = "+-*"
 VOCAB_SIZE = FIRST + MODULUS + len(OPERATORS)  # one vocabulary for every task
 TASKS = ("reverse_string", "duplicate_string", "parity_check", "modular_arithmetic")
 RANDOM_SUFFIX = "+random"
+THEIR_FORMS = {"alibi": "distances", "rope": "layers"}  # their code's randomized ALiBi and RoPE; the rest draw positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ class RandomizedConfig:
     learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias; their code's ALiBi does)
-    random_positions_form: str = "positions"  # "distances": ALiBi's random distance per offset, their code's form; "layers": positions drawn per attention layer, their code's RoPE (BertConfig.random_positions_form)
+    random_positions_form: str = "positions"  # BertConfig.random_positions_form for every encoding: "positions", "distances" (ALiBi's random distance per offset) or "layers" (positions drawn per attention layer); or "theirs": each encoding in their code's form (THEIR_FORMS)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
@@ -102,7 +103,7 @@ class RandomizedConfig:
                              "it is for encodings that act in attention")
         if self.directional_bias and set(parse_list(self.positions)) - set(DIRECTIONAL_POSITIONS):
             raise ValueError(f"directional_bias is for {DIRECTIONAL_POSITIONS}, got positions={self.positions!r}")
-        allowed = {"positions": positions_for("bert"), "distances": ("alibi",),
+        allowed = {"positions": positions_for("bert"), "theirs": positions_for("bert"), "distances": ("alibi",),
                    "layers": tuple(p for p in positions_for("bert") if p not in (*ABSOLUTE_POSITIONS, "none"))}
         if not set(parse_list(self.positions)) <= set(allowed.get(self.random_positions_form, ())):
             raise ValueError(f"random_positions_form={self.random_positions_form!r} is for positions in "
@@ -209,7 +210,8 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         position_init_std=study.learned_init_std, directional_bias=study.directional_bias,
         scale_embeddings=True, type_vocab_size=1, pad_id=PAD,
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized,
-        random_positions_form=study.random_positions_form)
+        random_positions_form=(THEIR_FORMS.get(position, "positions") if study.random_positions_form == "theirs"
+                               else study.random_positions_form))
 
 
 def eval_logits(stepper: Stepper, params, inputs_BT: jax.Array, key: jax.Array, max_position: int) -> jax.Array:
