@@ -23,7 +23,12 @@ ABSOLUTE_POSITIONS = ("learned", "sinusoidal")  # a vector per position added to
 DIRECTIONAL_POSITIONS = ("alibi", "fire", "kerple")  # biases of |i - j| that directional_bias can split by the key's side
 ROTARY_POSITIONS = ("rope", "xpos")  # rotate queries and keys; the rope_scaling fields apply
 CAUSAL_ONLY_POSITIONS = ("xpos",)  # defined for causal attention only: refused where a stack is bidirectional
-RANDOM_POSITION_FORMS = ("positions", "distances", "layers")  # TransformerConfig.random_positions_form
+RANDOM_POSITION_FORMS = {  # TransformerConfig.random_positions_form: (the positions it applies to, what it draws)
+    "positions": (POSITIONS, "a sorted random subset of positions per row"),
+    "distances": (("alibi",), "ALiBi's random distance per offset, as Ruoss et al.'s code's ALiBi"),
+    "layers": (tuple(p for p in POSITIONS if p not in (*ABSOLUTE_POSITIONS, "none")),
+               "positions drawn inside attention, per layer, as Ruoss et al.'s code's RoPE"),
+}
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "bfloat16")
@@ -160,20 +165,19 @@ class TransformerConfig:
             raise ValueError(f"num_buckets={self.num_buckets!r} must be an int >= 4 and "
                              f"max_distance={self.max_distance!r} "
                              f"> num_buckets // 2 = {self.num_buckets // 2}")
+        if self.random_positions_form not in RANDOM_POSITION_FORMS:
+            raise ValueError(f"random_positions_form={self.random_positions_form!r} is not one of "
+                             f"{tuple(RANDOM_POSITION_FORMS)}")
         if self.random_positions is not None:
             if not isinstance(self.random_positions, int) or self.random_positions < 1:
                 raise ValueError(f"random_positions must be a positive int or None, got {self.random_positions!r}")
-            if self.random_positions_form == "distances" and self.position != "alibi":
-                raise ValueError(f"random_positions_form='distances' is ALiBi's (Ruoss et al.'s code), "
-                                 f"got position={self.position!r}")
-            if self.random_positions_form == "layers" and self.position in (*ABSOLUTE_POSITIONS, "none"):
-                raise ValueError(f"random_positions_form='layers' draws positions inside attention, which "
-                                 f"position={self.position!r} does not use")
+            applies, draws = RANDOM_POSITION_FORMS[self.random_positions_form]
+            if self.position not in applies:
+                raise ValueError(f"random_positions_form={self.random_positions_form!r} ({draws}) is for "
+                                 f"position in {applies}, got position={self.position!r}")
             if self.position == "learned" and self.random_positions > self.max_len:
                 raise ValueError(f"random_positions={self.random_positions} needs a learned table of as many rows, "
                                  f"but max_len={self.max_len}")
-        if self.random_positions_form not in RANDOM_POSITION_FORMS:
-            raise ValueError(f"random_positions_form={self.random_positions_form!r} is not one of {RANDOM_POSITION_FORMS}")
         if self.position in ROTARY_POSITIONS and self.head_size % 2:
             raise ValueError(f"{self.position} needs an even head width, got {self.head_size}")
         if self.position == "sinusoidal" and self.d_model % 2:

@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from txjax import Bert
-from txjax.config import ABSOLUTE_POSITIONS, DIRECTIONAL_POSITIONS, BertConfig, positions_for
+from txjax.config import ABSOLUTE_POSITIONS, DIRECTIONAL_POSITIONS, RANDOM_POSITION_FORMS, BertConfig, positions_for
 from txjax.data import IGNORE_INDEX
 from txjax.nn.random_positions import RandomDraw
 from txjax.studies.common import (
@@ -103,11 +103,11 @@ class RandomizedConfig:
                              "it is for encodings that act in attention")
         if self.directional_bias and set(parse_list(self.positions)) - set(DIRECTIONAL_POSITIONS):
             raise ValueError(f"directional_bias is for {DIRECTIONAL_POSITIONS}, got positions={self.positions!r}")
-        allowed = {"positions": positions_for("bert"), "theirs": positions_for("bert"), "distances": ("alibi",),
-                   "layers": tuple(p for p in positions_for("bert") if p not in (*ABSOLUTE_POSITIONS, "none"))}
-        if not set(parse_list(self.positions)) <= set(allowed.get(self.random_positions_form, ())):
-            raise ValueError(f"random_positions_form={self.random_positions_form!r} is for positions in "
-                             f"{allowed.get(self.random_positions_form)}, got {self.positions!r}")
+        if self.random_positions_form != "theirs":  # "theirs" picks a form each encoding takes
+            applies = RANDOM_POSITION_FORMS.get(self.random_positions_form, ((),))[0]
+            if not set(parse_list(self.positions)) <= set(applies):
+                raise ValueError(f"random_positions_form={self.random_positions_form!r} is for positions in "
+                                 f"{applies}, got {self.positions!r}")
         widest = max(width(t, self.test_max) for t in parse_list(self.tasks))
         if self.max_position < widest:
             raise ValueError(f"max_position={self.max_position} is below the widest test row ({widest} tokens)")
