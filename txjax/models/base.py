@@ -24,9 +24,8 @@ class Model(nnx.Module):
         self.embed = Embed(config.vocab_size, config.d_model, rngs=rngs, dtype=config.dtype,
                            init=embedding_init(config))
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.random_positions = RandomPositions(
-            config.random_positions, rngs=rngs, at_eval=config.random_positions_eval
-        ) if config.random_positions is not None and config.random_positions_form == "positions" else None
+        self.random_positions = (RandomPositions.of(config, rngs) if config.random_positions is not None
+                                 and config.random_positions_form == "positions" else None)
 
     def token_embeddings(self, tokens_BT: jax.Array) -> jax.Array:
         """The token table's rows, times sqrt(D) under `config.scale_embeddings` (Vaswani et al.)."""

@@ -173,9 +173,8 @@ class Positions(nnx.Module):
         else:
             self.relative = None
         form = None if config.random_positions is None else config.random_positions_form
-        draw = dict(max_position=config.random_positions, rngs=rngs, at_eval=config.random_positions_eval)
-        self.random_distances = RandomDistances(**draw) if form == "distances" else None
-        self.random_layer_positions = RandomPositions(**draw) if form == "layers" else None
+        self.random_distances = RandomDistances.of(config, rngs) if form == "distances" else None
+        self.random_layer_positions = RandomPositions.of(config, rngs) if form == "layers" else None
 
     def embed(self, positions_T: jax.Array) -> jax.Array | None:
         if self.kind == "sinusoidal":

@@ -7,22 +7,31 @@ import jax.numpy as jnp
 from flax import nnx
 
 from txjax import ops
+from txjax.config import TransformerConfig
 
 
 class RandomDraw(nnx.Module):
-    """What both draws share: the range, an RNG stream and when to draw.
+    """What both draws share: the range, an RNG stream, when to draw and for how many rows.
 
     The stream is forked like `nnx.Dropout`'s (the train step re-keys it every step and micro-
     batch, so a seed reproduces every draw); the `deterministic` flag is set by evaluation views,
-    and `at_eval` draws in evaluation too, as the paper's code does.
+    and `at_eval` draws in evaluation too, as the paper's code does. `per_batch`: one draw shared
+    by every row of a batch (their code), else one per row.
     """
 
     def __init__(self, max_position: int, *, rngs: nnx.Rngs, at_eval: bool = False,
-                 deterministic: bool = False):
+                 per_batch: bool = False, deterministic: bool = False):
         self.max_position = max_position
         self.at_eval = at_eval
+        self.per_batch = per_batch
         self.deterministic = deterministic
         self.rngs = rngs["positions"].fork()
+
+    @classmethod
+    def of(cls, config: TransformerConfig, rngs: nnx.Rngs):
+        """The draw `config.random_positions` asks for."""
+        return cls(config.random_positions, rngs=rngs, at_eval=config.random_positions_eval,
+                   per_batch=config.random_positions_per_batch)
 
     def set_view(self, deterministic: bool | None = None):
         """Used by `nnx.view` (and `.eval()` / `.train()`), as `nnx.Dropout` is."""
@@ -44,18 +53,18 @@ class RandomPositions(RandomDraw):
         if not self.drawing:
             return None
         if valid_BT is None:
-            return ops.random_positions(self.rngs(), batch, length, self.max_position)
+            return ops.random_positions(self.rngs(), batch, length, self.max_position, shared=self.per_batch)
         drawn_BT = ops.random_positions(self.rngs(), batch, length, self.max_position,
-                                        lengths_B=valid_BT.sum(axis=-1))
+                                        lengths_B=valid_BT.sum(axis=-1), shared=self.per_batch)
         rank_BT = jnp.maximum(jnp.cumsum(valid_BT, axis=-1) - 1, 0)
         return jnp.take_along_axis(drawn_BT, rank_BT, axis=1)
 
 
 class RandomDistances(RandomDraw):
-    """ALiBi's distance at each offset, per row (`ops.random_distances`) when drawing, else None.
+    """ALiBi's distance at each offset (`ops.random_distances`) when drawing, else None.
 
     Owned by a stack's `Positions`, which draws once per forward pass for all its layers (their
-    code draws per layer, and once per batch); positions stay 0..T-1. Packed documents share their
+    code draws per layer); positions stay 0..T-1. Packed documents share their
     row's draw."""
 
     def __call__(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:
@@ -64,4 +73,4 @@ class RandomDistances(RandomDraw):
         if not self.drawing:
             return None
         return ops.random_distances(self.rngs(), batch, length, self.max_position,
-                                    None if valid_BT is None else valid_BT.sum(axis=-1))
+                                    None if valid_BT is None else valid_BT.sum(axis=-1), self.per_batch)

@@ -249,20 +249,22 @@ def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array,
 
 
 def random_positions(key: jax.Array, batch: int, length: int, max_position: int,
-                     lengths_B: jax.Array | None = None) -> jax.Array:
+                     lengths_B: jax.Array | None = None, shared: bool = False) -> jax.Array:
     """int32 [B, T]: per row, T distinct positions drawn uniformly from [0, max_position), sorted.
 
     Ruoss et al. 2023 ("Randomized Positional Encodings Boost Length Generalization"): trained
     on such positions, a model has seen every position up to max_position, not only 0..T-1.
     lengths_B (a padded batch): row b's first lengths_B[b] entries are a sorted uniform subset of
     that size, as if the row were drawn alone (the first k of T sorted draws would not be: they
-    crowd low positions); the entries after them are 0.
+    crowd low positions); the entries after them are 0. shared: one draw for the whole batch (Ruoss
+    et al.'s code draws per batch): rows of the same length get the same positions.
     """
     if length > max_position:
         raise ValueError(f"random_positions: {length} tokens need max_position >= {length}, got {max_position}")
     # The indices of the `length` smallest of max_position uniform draws, smallest first: argsort's
     # first `length` (top_k keeps its tie order, lower index first) without sorting all of them.
-    ranks_BT = jax.lax.top_k(-jax.random.uniform(key, (batch, max_position)), length)[1]
+    ranks_BT = jax.lax.top_k(-jax.random.uniform(key, (1 if shared else batch, max_position)), length)[1]
+    ranks_BT = jnp.broadcast_to(ranks_BT, (batch, length))
     if lengths_B is None:
         return jnp.sort(ranks_BT, axis=-1).astype(jnp.int32)
     # The first k entries of a random permutation are a uniform k-subset; the rest sort after them.
@@ -272,7 +274,7 @@ def random_positions(key: jax.Array, batch: int, length: int, max_position: int,
 
 
 def random_distances(key: jax.Array, batch: int, length: int, max_distance: int,
-                     lengths_B: jax.Array | None = None) -> jax.Array:
+                     lengths_B: jax.Array | None = None, shared: bool = False) -> jax.Array:
     """int32 [B, T]: per row, the distance at each offset r = |i - j|: 0 at r = 0, then T - 1
     distinct distances drawn uniformly from [1, max_distance), sorted.
 
@@ -280,12 +282,12 @@ def random_distances(key: jax.Array, batch: int, length: int, max_distance: int,
     two tokens is a function of their offset alone, the same for every query of a row, where
     random positions (`random_positions`) give each pair of tokens its own. lengths_B (a padded
     batch): row b's offsets 1 .. lengths_B[b] - 1 are drawn as if the row were alone; the entries
-    after them are 0 (only pads sit that far apart).
+    after them are 0 (only pads sit that far apart). shared: one draw for the batch, as their code.
     """
     if length > max_distance:
         raise ValueError(f"random_distances: {length} tokens need max_distance >= {length}, got {max_distance}")
     offsets_B = None if lengths_B is None else jnp.maximum(jnp.asarray(lengths_B) - 1, 0)
-    drawn_BR = random_positions(key, batch, length - 1, max_distance - 1, offsets_B) + 1
+    drawn_BR = random_positions(key, batch, length - 1, max_distance - 1, offsets_B, shared) + 1
     if offsets_B is not None:
         drawn_BR = jnp.where(jnp.arange(length - 1)[None, :] < offsets_B[:, None], drawn_BR, 0)
     return jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), drawn_BR], axis=1)

@@ -17,8 +17,9 @@ Unlike their code, every batch is padded (so XLA compiles one step per padded wi
 length) with the pads masked and each row's random positions drawn as if unpadded
 (`txjax.ops.random_positions` with lengths): to the task's widest training row, or, with
 `train_width_multiple` k, to the next multiple of k: the same logits up to float rounding on fewer
-pads (dropout's masks, drawn per padded shape, differ). Positions are drawn per row, not one set
-per batch; the loss is the mean over output tokens, not their sum per sequence.
+pads (dropout's masks, drawn per padded shape, differ). Positions are drawn per row unless
+`random_positions_per_batch` (their code: one set per batch); the loss is the mean over output
+tokens, not their sum per sequence.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class RandomizedConfig:
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias; their code's ALiBi does)
     random_positions_form: str = "positions"  # BertConfig.random_positions_form for every encoding: "positions", "distances" (ALiBi's random distance per offset) or "layers" (positions drawn per attention layer); or "theirs": each encoding in their code's form (THEIR_FORMS)
+    random_positions_per_batch: bool = False  # BertConfig.random_positions_per_batch: one draw shared by a batch's rows, as their code (training and evaluation)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
@@ -210,6 +212,7 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         position_init_std=study.learned_init_std, directional_bias=study.directional_bias,
         scale_embeddings=True, type_vocab_size=1, pad_id=PAD,
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized,
+        random_positions_per_batch=study.random_positions_per_batch,
         random_positions_form=(THEIR_FORMS.get(position, "positions") if study.random_positions_form == "theirs"
                                else study.random_positions_form))
 
