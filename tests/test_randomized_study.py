@@ -181,6 +181,9 @@ def test_the_random_form_reaches_the_randomized_models_it_applies_to():
             if v.endswith("+random")} == {"sinusoidal+random": "positions", "learned+random": "positions",
                                           "rope+random": "layers", "t5+random": "positions",
                                           "alibi+random": "distances"}
+    per_batch = RandomizedConfig(positions="rope", random_positions_per_batch=True)
+    assert model_config("rope+random", "reverse_string", per_batch).random_positions_per_batch
+    assert not model_config("rope+random", "reverse_string", RandomizedConfig()).random_positions_per_batch
 
 
 def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it():
