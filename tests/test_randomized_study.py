@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from experiment_scripts import load_script
 from txjax import Bert
 from txjax.data import IGNORE_INDEX
+from txjax.studies.common import fire_learned
 from txjax.studies.randomized import (
     BLANK,
     FIRST,
@@ -192,6 +193,19 @@ def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it
     assert not model_config("fire+random", "reverse_string", RandomizedConfig()).directional_bias
     with pytest.raises(ValueError, match="directional_bias"):
         RandomizedConfig(positions="fire,t5", directional_bias=True)
+
+
+def test_fires_threshold_reaches_the_model_and_its_learned_values_are_read():
+    """fire_learned reads L = |m| * fire_threshold and |c| from the encoder's FIRE bias."""
+    study = RandomizedConfig(positions="fire", fire_threshold=4096.0, fire_learn_threshold=False)
+    cfg = model_config("fire+random", "reverse_string", study)
+    assert (cfg.fire_threshold, cfg.fire_learn_threshold) == (4096.0, False)
+    assert fire_learned(Bert(cfg, rngs=nnx.Rngs(0))) == {"fire_threshold": 4096.0, "fire_c": 0.1}
+    learned = Bert(model_config("fire", "reverse_string", RandomizedConfig(positions="fire")), rngs=nnx.Rngs(0))
+    fire = learned.encoder.positions.relative
+    fire.threshold_multiplier[...] = jnp.asarray(-0.25)
+    fire.c[...] = jnp.asarray(-0.5)
+    assert fire_learned(learned) == {"fire_threshold": 128.0, "fire_c": 0.5}
 
 
 @pytest.mark.parametrize("form", ["positions", "distances", "layers"])

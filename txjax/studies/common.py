@@ -20,6 +20,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from txjax.nn.positions import FireBias
+
 
 def parse_list(text: str, kind: type = str) -> tuple:
     """'a,b, c' -> ('a', 'b', 'c') converted by `kind`; empty items are dropped."""
@@ -29,6 +31,13 @@ def parse_list(text: str, kind: type = str) -> tuple:
 def init_params(model_cls, config, seed: int):
     """The parameters of a fresh `model_cls(config)` seeded by `seed` (an nnx.State)."""
     return nnx.split(model_cls(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)[1]
+
+
+def fire_learned(model: nnx.Module) -> dict:
+    """FIRE's trained threshold L and scale c (the first FIRE bias of the model): whether the
+    normaliser psi(max(L, i)) varies with the query's position (L below it) or is a constant."""
+    fire = next(m for _, m in nnx.iter_graph(model) if isinstance(m, FireBias))
+    return {"fire_threshold": round(float(fire.threshold), 3), "fire_c": round(float(abs(fire.c[...])), 4)}
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -39,6 +38,7 @@ from txjax.ops.positions import ROPE_SCALINGS
 from txjax.studies.common import (
     append_jsonl,
     done_runs,
+    fire_learned,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -181,13 +181,6 @@ def eval_logits(graphdef, rest):
 
 
 RUN_KEY = ("position", "seed", "method", "multiple")
-
-
-def fire_learned(model: GPT) -> dict:
-    """FIRE's trained threshold L and scale c: whether the interpolation's normaliser psi(max(L, i))
-    varies over the training window (L below it) or is a constant (L at or above it)."""
-    fire = model.decoder.positions.relative
-    return {"fire_threshold": round(float(fire.threshold), 3), "fire_c": round(float(jnp.abs(fire.c[...])), 4)}
 
 
 def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyConfig, log=print) -> dict:

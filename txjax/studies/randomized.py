@@ -41,6 +41,7 @@ from txjax.nn.random_positions import RandomDraw
 from txjax.studies.common import (
     append_jsonl,
     done_runs,
+    fire_learned,
     git_revision,
     init_params,
     markdown_table,
@@ -86,6 +87,8 @@ class RandomizedConfig:
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias; their code's ALiBi does)
     random_positions_form: str = "positions"  # BertConfig.random_positions_form for every encoding: "positions", "distances" (ALiBi's random distance per offset) or "layers" (positions drawn per attention layer); or "theirs": each encoding in their code's form (THEIR_FORMS)
+    fire_threshold: float = 512.0  # FIRE's initial threshold L of its normaliser psi(max(L, i)) (BertConfig.fire_threshold)
+    fire_learn_threshold: bool = True  # FIRE learns L (their code); False: L stays fire_threshold
     random_positions_per_batch: bool = False  # BertConfig.random_positions_per_batch: one draw shared by a batch's rows, as their code (training and evaluation)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
@@ -213,6 +216,7 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         scale_embeddings=True, type_vocab_size=1, pad_id=PAD,
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized,
         random_positions_per_batch=study.random_positions_per_batch,
+        fire_threshold=study.fire_threshold, fire_learn_threshold=study.fire_learn_threshold,
         random_positions_form=(THEIR_FORMS.get(position, "positions") if study.random_positions_form == "theirs"
                                else study.random_positions_form))
 
@@ -253,6 +257,7 @@ def run_one(task: str, variant: str, seed: int, study: RandomizedConfig, train_c
     state, summary = fit(stepper, stepper.init_state(init_params(Bert, cfg, seed)),
                          map(batch_fn, itertools.count()), key=jax.random.key(seed))
     t_train = time.time() - t0
+    learned = fire_learned(stepper.model(state.params)) if cfg.position == "fire" else {}
     # The same examples for every variant and seed; one padded width per split.
     scored = [(n, width(task, study.train_max)) for n in range(1, study.train_max + 1)]
     scored += [(n, width(task, study.test_max)) for n in study.test_lengths]
@@ -270,7 +275,7 @@ def run_one(task: str, variant: str, seed: int, study: RandomizedConfig, train_c
     return {"task": task, "variant": variant, "seed": seed, "train_loss": summary["train_loss"],
             "in_accuracy": float(np.mean(inside)),
             "out_accuracy": None if None in outside else float(np.mean(outside)),
-            "accuracy_by_length": {str(n): a for n, a in accuracy.items()},
+            "accuracy_by_length": {str(n): a for n, a in accuracy.items()}, **learned,
             "train_s": round(t_train, 1), "eval_s": round(time.time() - t0 - t_train, 1)}
 
 
