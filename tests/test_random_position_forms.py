@@ -180,9 +180,11 @@ def test_every_layer_draws_its_own_positions_while_training_and_none_in_evaluati
     assert len(drawn) == 6 and all(p is None for p in drawn)  # both models, three layers each, no draw
 
 
+@pytest.mark.parametrize("changes", [LAYERS, dict(LAYERS, random_positions_per_batch=True),
+                                     dict(random_positions=24, random_positions_per_batch=True)])
 @pytest.mark.parametrize("jit", [False, True])
-def test_a_causal_stack_drawing_per_layer_never_reads_ahead(jit):
-    m = GPT(GPTConfig(**{**TINY, "position": "rope"}, **LAYERS), rngs=nnx.Rngs(0))
+def test_a_causal_stack_drawing_per_layer_or_per_batch_never_reads_ahead(changes, jit):
+    m = GPT(GPTConfig(**{**TINY, "position": "rope"}, **changes), rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 8)), jnp.int32)
 
     def logit_3(x_BTD):
@@ -193,5 +195,6 @@ def test_a_causal_stack_drawing_per_layer_never_reads_ahead(jit):
     grad = (jax.jit(jax.grad(logit_3)) if jit else jax.grad(logit_3))(m.embed(tokens))
     np.testing.assert_array_equal(grad[:, 4:], 0.0)
     assert np.abs(grad[:, :4]).sum() > 0
-    with pytest.raises(ValueError, match="unpacked"):
-        split(m)(jax.random.key(0))(tokens, document_ids_BT=jnp.zeros_like(tokens))
+    if changes.get("random_positions_form") == "layers":
+        with pytest.raises(ValueError, match="unpacked"):
+            split(m)(jax.random.key(0))(tokens, document_ids_BT=jnp.zeros_like(tokens))
