@@ -109,7 +109,7 @@ class TransformerConfig:
     random_positions: int | None = None  # Ruoss et al. 2023: while training, each sequence's positions are a sorted random subset of [0, random_positions) instead of 0..T-1; None: off
     random_positions_eval: bool = False  # draw random positions in evaluation too (the paper's code does); False: 0..T-1 there
     random_positions_per_batch: bool = False  # one random draw shared by every row of a batch (Ruoss et al.'s code); False: each row draws its own
-    random_positions_form: str = "positions"  # "positions": each token's position is drawn (per row); "distances" (ALiBi only, Ruoss et al.'s code's random ALiBi): positions stay 0..T-1 and each offset 1, 2, ... gets a sorted random distance from [1, random_positions), per row and stack, the same for every query; "layers" (encodings that act in attention; Ruoss et al.'s code's RoPE): each attention layer draws its own positions, no packed documents
+    random_positions_form: str = "positions"  # "positions": each token's position is drawn; "distances" (ALiBi only, Ruoss et al.'s code's random ALiBi): positions stay 0..T-1 and each offset 1, 2, ... gets a sorted random distance from [1, random_positions), per stack, the same for every query; "layers" (encodings that act in attention; Ruoss et al.'s code's RoPE): each attention layer draws its own positions, no packed documents
     pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
     dtype: str = "float32"  # compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32
     fire_mlp_width: int = 32  # FIRE: hidden width of the MLP 1 -> W -> N heads
