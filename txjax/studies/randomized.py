@@ -89,7 +89,7 @@ class RandomizedConfig:
     random_positions_form: str = "positions"  # BertConfig.random_positions_form for every encoding: "positions", "distances" (ALiBi's random distance per offset) or "layers" (positions drawn per attention layer); or "theirs": each encoding in their code's form (THEIR_FORMS)
     fire_threshold: float = BertConfig.fire_threshold  # FIRE's initial threshold L of its normaliser psi(max(L, i, j))
     fire_learn_threshold: bool = BertConfig.fire_learn_threshold  # FIRE learns L (their code); False: L stays fire_threshold
-    random_positions_per_batch: bool = False  # BertConfig.random_positions_per_batch: one draw shared by a batch's rows, as their code (training and evaluation)
+    random_positions_per_batch: bool = BertConfig.random_positions_per_batch  # one draw shared by a batch's rows, as their code (training and evaluation)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
 
