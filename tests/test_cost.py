@@ -89,6 +89,7 @@ def test_param_counts_with_grouped_kv_heads_equal_the_real_tree(family, kv_heads
 @pytest.mark.parametrize("family", ["bert", "t5"])
 @pytest.mark.parametrize("options", [
     dict(position="fire", fire_learn_threshold=False),  # c only, no threshold multiplier
+    dict(position="fire", fire_learn_c=False),  # the threshold multiplier, no c
     dict(position="fire", directional_bias=True),
     dict(position="kerple", directional_bias=True),  # r1, r2 per head and direction (T5: in its encoder)
 ])

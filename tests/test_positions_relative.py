@@ -133,6 +133,23 @@ def test_fire_threshold_can_be_fixed():
 
 
 @JIT
+def test_fire_scale_can_be_fixed(jit):
+    """fire_learn_c=False: c is fire_c, a constant that training cannot move, and the bias is the
+    learned module's at the same c; fire_c sets c's initial value either way."""
+    fixed = FireBias(GPTConfig(**TINY, position="fire", fire_c=0.3, fire_learn_c=False), rngs=nnx.Rngs(0))
+    learned = FireBias(GPTConfig(**TINY, position="fire", fire_c=0.3), rngs=nnx.Rngs(0))
+    names = {str(path[-1]) for path, _ in nnx.to_flat_state(nnx.state(fixed, nnx.Param))}
+    assert "c" not in names and "c" in {str(p[-1]) for p, _ in nnx.to_flat_state(nnx.state(learned, nnx.Param))}
+    assert float(fixed.scale) == float(learned.scale) == pytest.approx(0.3)
+    positions = jnp.arange(7)
+    np.testing.assert_array_equal(call(fixed, jit, positions, positions), call(learned, jit, positions, positions))
+    grads = nnx.grad(lambda m: jnp.sum(m(positions, positions) ** 2))(fixed)
+    assert "c" not in {str(p[-1]) for p, _ in nnx.to_flat_state(grads)}
+    with pytest.raises(ValueError, match="fire_c"):
+        GPTConfig(**TINY, position="fire", fire_c=0.0)
+
+
+@JIT
 @pytest.mark.parametrize("position", ["fire", "kerple"])
 def test_encoder_bias_is_symmetric(position, jit):
     model = Bert(BertConfig(**TINY, position=position), rngs=nnx.Rngs(0))

@@ -196,11 +196,13 @@ def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it
 
 
 def test_fires_threshold_reaches_the_model_and_its_learned_values_are_read():
-    """fire_learned reads L = |m| * fire_threshold and |c| from the encoder's FIRE bias."""
-    study = RandomizedConfig(positions="fire", fire_threshold=4096.0, fire_learn_threshold=False)
+    """FIRE's L and c options reach the model, and fire_learned reads L = |m| * fire_threshold and |c|
+    from the encoder's FIRE bias, learned or fixed."""
+    study = RandomizedConfig(positions="fire", fire_threshold=4096.0, fire_learn_threshold=False,
+                             fire_c=0.25, fire_learn_c=False)
     cfg = model_config("fire+random", "reverse_string", study)
-    assert (cfg.fire_threshold, cfg.fire_learn_threshold) == (4096.0, False)
-    assert fire_learned(Bert(cfg, rngs=nnx.Rngs(0))) == {"fire_threshold": 4096.0, "fire_c": 0.1}
+    assert (cfg.fire_threshold, cfg.fire_learn_threshold, cfg.fire_c, cfg.fire_learn_c) == (4096.0, False, 0.25, False)
+    assert fire_learned(Bert(cfg, rngs=nnx.Rngs(0))) == {"fire_threshold": 4096.0, "fire_c": 0.25}
     learned = Bert(model_config("fire", "reverse_string", RandomizedConfig(positions="fire")), rngs=nnx.Rngs(0))
     fire = learned.encoder.positions.relative
     fire.threshold_multiplier[...] = jnp.asarray(-0.25)

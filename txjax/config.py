@@ -115,6 +115,8 @@ class TransformerConfig:
     fire_mlp_width: int = 32  # FIRE: hidden width of the MLP 1 -> W -> N heads
     fire_threshold: float = 512.0  # FIRE: initial threshold L of the normaliser psi(max(L, i)); learned as a multiple of this
     fire_learn_threshold: bool = True  # FIRE: learn L (the paper's code); False: L stays fire_threshold
+    fire_c: float = 0.1  # FIRE: initial scale c of psi(x) = log(c x + 1) (the paper's code)
+    fire_learn_c: bool = True  # FIRE: learn c (the paper's code); False: c stays fire_c
     kerple_variant: str = "log"  # KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE in bidirectional stacks: False: one function of |i - j| both ways; True: keys before and after the query differ, as T5's buckets do (ALiBi: slope / 2 more before it, Ruoss et al.'s code; FIRE: the MLP reads the signed input; KERPLE: a second r1, r2 per head for keys after it); causal stacks are unchanged
     rope_scaling: str | None = None  # rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain
@@ -192,6 +194,8 @@ class TransformerConfig:
             raise ValueError(f"fire_mlp_width must be a positive int, got {self.fire_mlp_width!r}")
         if not self.fire_threshold > 0:
             raise ValueError(f"fire_threshold must be positive, got {self.fire_threshold!r}")
+        if not self.fire_c > 0:
+            raise ValueError(f"fire_c must be positive, got {self.fire_c!r}")
         if not self.position_init_std > 0:
             raise ValueError(f"position_init_std must be positive, got {self.position_init_std!r}")
         if self.kerple_variant not in KERPLE_VARIANTS:

@@ -74,8 +74,9 @@ class FireBias(nnx.Module):
     """FIRE's MLP, log scale c and threshold L (Li et al. 2023), one per stack.
 
     Initialised as the paper's reference code: PyTorch `nn.Linear` defaults
-    (U(+-1/sqrt(fan_in)) for weights and biases), c = 0.1, and L = |m| * fire_threshold
-    with the multiplier m = 1 learned (a constant m = 1 with `fire_learn_threshold=False`).
+    (U(+-1/sqrt(fan_in)) for weights and biases), c = fire_c = 0.1 learned (a constant with
+    `fire_learn_c=False`), and L = |m| * fire_threshold with the multiplier m = 1 learned (a
+    constant m = 1 with `fire_learn_threshold=False`).
     """
 
     def __init__(self, config: TransformerConfig, *, directional: bool = False, rngs: nnx.Rngs):
@@ -84,7 +85,8 @@ class FireBias(nnx.Module):
         self.b1 = nnx.Param(_uniform(rngs.params(), (w,), -1.0, 1.0))
         self.w2 = nnx.Param(_uniform(rngs.params(), (w, n), -w ** -0.5, w ** -0.5))
         self.b2 = nnx.Param(_uniform(rngs.params(), (n,), -w ** -0.5, w ** -0.5))
-        self.c = nnx.Param(jnp.asarray(0.1, jnp.float32))
+        self.c = nnx.Param(jnp.asarray(config.fire_c, jnp.float32)) if config.fire_learn_c else None
+        self.init_c = float(config.fire_c)
         self.threshold_multiplier = (nnx.Param(jnp.asarray(1.0, jnp.float32)) if config.fire_learn_threshold
                                      else None)
         self.init_threshold = float(config.fire_threshold)
@@ -97,11 +99,15 @@ class FireBias(nnx.Module):
             return jnp.asarray(self.init_threshold, jnp.float32)
         return jnp.abs(self.threshold_multiplier[...]) * self.init_threshold
 
+    @property
+    def scale(self) -> jax.Array:
+        """The scale |c| of psi(x) = log(|c| x + 1) (fire_c itself when c is not learned)."""
+        return jnp.abs(jnp.asarray(self.init_c, jnp.float32) if self.c is None else self.c[...])
+
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
         """[1 or B, N, T, S]."""
-        threshold = self.threshold
         return ops.fire_bias(q_positions, k_positions, self.w1[...], self.b1[...], self.w2[...],
-                             self.b2[...], self.c[...], threshold, directional=self.directional)
+                             self.b2[...], self.scale, self.threshold, directional=self.directional)
 
 
 class KerpleBias(nnx.Module):

@@ -37,7 +37,7 @@ def fire_learned(model: nnx.Module) -> dict:
     """FIRE's trained threshold L and scale c (the first FIRE bias of the model): whether the
     normaliser psi(max(L, i, j)) varies with the positions (L below them) or is a constant."""
     fire = next(m for _, m in nnx.iter_graph(model) if isinstance(m, FireBias))
-    return {"fire_threshold": round(float(fire.threshold), 3), "fire_c": round(float(abs(fire.c[...])), 4)}
+    return {"fire_threshold": round(float(fire.threshold), 3), "fire_c": round(float(fire.scale), 4)}
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:

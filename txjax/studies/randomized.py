@@ -89,6 +89,8 @@ class RandomizedConfig:
     random_positions_form: str = "positions"  # BertConfig.random_positions_form for every encoding: "positions", "distances" (ALiBi's random distance per offset) or "layers" (positions drawn per attention layer); or "theirs": each encoding in their code's form (THEIR_FORMS)
     fire_threshold: float = BertConfig.fire_threshold  # FIRE's initial threshold L of its normaliser psi(max(L, i, j))
     fire_learn_threshold: bool = BertConfig.fire_learn_threshold  # FIRE learns L (their code); False: L stays fire_threshold
+    fire_c: float = BertConfig.fire_c  # FIRE's initial scale c of psi(x) = log(c x + 1)
+    fire_learn_c: bool = BertConfig.fire_learn_c  # FIRE learns c (their code); False: c stays fire_c
     random_positions_per_batch: bool = BertConfig.random_positions_per_batch  # one draw shared by a batch's rows, as their code (training and evaluation)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
@@ -217,6 +219,7 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized,
         random_positions_per_batch=study.random_positions_per_batch,
         fire_threshold=study.fire_threshold, fire_learn_threshold=study.fire_learn_threshold,
+        fire_c=study.fire_c, fire_learn_c=study.fire_learn_c,
         random_positions_form=(THEIR_FORMS.get(position, "positions") if study.random_positions_form == "theirs"
                                else study.random_positions_form))
 
