@@ -111,6 +111,21 @@ def test_kerple_r1_r2_positive_at_init_and_for_any_raw_value(variant):
             assert (module.r2 <= 2.0).all()
 
 
+@pytest.mark.parametrize("variant", ["log", "power"])
+def test_kerple_r2_init_scale_multiplies_the_reference_draw(variant):
+    """kerple_r2_init_scale s: r2 starts at s times the reference draw, r1 at the same draw."""
+    config = GPTConfig(**{**TINY, "d_model": 64, "num_heads": 64}, position="kerple", kerple_variant=variant)
+    reference = KerpleBias(config, rngs=nnx.Rngs(0))
+    scaled = KerpleBias(config.replace(kerple_r2_init_scale=0.125), rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(scaled.r2, 0.125 * reference.r2, rtol=1e-5)
+    np.testing.assert_array_equal(scaled.r1, reference.r1)
+    with pytest.raises(ValueError, match="kerple_r2_init_scale"):
+        config.replace(kerple_r2_init_scale=0.0)
+    if variant == "power":  # r2 = 2 sigmoid(raw) cannot start above 2
+        with pytest.raises(ValueError, match="kerple_r2_init_scale"):
+            config.replace(kerple_r2_init_scale=1.5)
+
+
 def test_fire_initialisation_follows_the_reference_code():
     module = FireBias(GPTConfig(**TINY, position="fire"), rngs=nnx.Rngs(0))
     assert module.w1.shape == (1, 32) and module.w2.shape == (32, 2) and module.b2.shape == (2,)

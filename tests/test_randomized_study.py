@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from experiment_scripts import load_script
 from txjax import Bert
 from txjax.data import IGNORE_INDEX
-from txjax.studies.common import fire_learned
+from txjax.studies.common import bias_learned
 from txjax.studies.randomized import (
     BLANK,
     FIRST,
@@ -196,18 +196,34 @@ def test_directional_bias_reaches_the_model_and_only_the_distance_biases_take_it
 
 
 def test_fires_threshold_reaches_the_model_and_its_learned_values_are_read():
-    """FIRE's L and c options reach the model, and fire_learned reads L = |m| * fire_threshold and |c|
+    """FIRE's L and c options reach the model, and bias_learned reads L = |m| * fire_threshold and |c|
     from the encoder's FIRE bias, learned or fixed."""
     study = RandomizedConfig(positions="fire", fire_threshold=4096.0, fire_learn_threshold=False,
                              fire_c=0.25, fire_learn_c=False)
     cfg = model_config("fire+random", "reverse_string", study)
     assert (cfg.fire_threshold, cfg.fire_learn_threshold, cfg.fire_c, cfg.fire_learn_c) == (4096.0, False, 0.25, False)
-    assert fire_learned(Bert(cfg, rngs=nnx.Rngs(0))) == {"fire_threshold": 4096.0, "fire_c": 0.25}
+    assert bias_learned(Bert(cfg, rngs=nnx.Rngs(0))) == {"fire_threshold": 4096.0, "fire_c": 0.25}
     learned = Bert(model_config("fire", "reverse_string", RandomizedConfig(positions="fire")), rngs=nnx.Rngs(0))
     fire = learned.encoder.positions.relative
     fire.threshold_multiplier[...] = jnp.asarray(-0.25)
     fire.c[...] = jnp.asarray(-0.5)
-    assert fire_learned(learned) == {"fire_threshold": 128.0, "fire_c": 0.5}
+    assert bias_learned(learned) == {"fire_threshold": 128.0, "fire_c": 0.5}
+
+
+@pytest.mark.parametrize("directional", [False, True])
+def test_kerples_r2_scale_reaches_the_model_and_its_learned_values_are_read(directional):
+    """bias_learned reads KERPLE's r1, r2 per head (per direction, then head); other encodings give {}."""
+    study = RandomizedConfig(positions="kerple", kerple_r2_init_scale=0.125, directional_bias=directional)
+    model = Bert(model_config("kerple+random", "reverse_string", study), rngs=nnx.Rngs(0))
+    kerple = model.encoder.positions.relative
+    kerple.raw_r1[...] = jnp.full_like(kerple.raw_r1[...], np.log(np.expm1(0.75)))
+    learned = bias_learned(model)
+    assert model.config.kerple_r2_init_scale == 0.125 and set(learned) == {"kerple_r1", "kerple_r2"}
+    shape = (2, study.num_heads) if directional else (study.num_heads,)
+    np.testing.assert_allclose(learned["kerple_r1"], np.full(shape, 0.75), atol=1e-4)
+    np.testing.assert_allclose(learned["kerple_r2"], np.asarray(kerple.r2), atol=1e-4)
+    assert 0 < np.max(learned["kerple_r2"]) < 0.125
+    assert bias_learned(Bert(model_config("rope", "reverse_string", RandomizedConfig()), rngs=nnx.Rngs(0))) == {}
 
 
 @pytest.mark.parametrize("form", ["positions", "distances", "layers"])

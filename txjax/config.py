@@ -118,6 +118,7 @@ class TransformerConfig:
     fire_c: float = 0.1  # FIRE: initial scale c of psi(x) = log(c x + 1) (the paper's code)
     fire_learn_c: bool = True  # FIRE: learn c (the paper's code); False: c stays fire_c
     kerple_variant: str = "log"  # KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2
+    kerple_r2_init_scale: float = 1.0  # KERPLE: r2's initial draw (the reference code's) multiplied by this; the power variant's must stay below 2, so at most 1
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE in bidirectional stacks: False: one function of |i - j| both ways; True: keys before and after the query differ, as T5's buckets do (ALiBi: slope / 2 more before it, Ruoss et al.'s code; FIRE: the MLP reads the signed input; KERPLE: a second r1, r2 per head for keys after it); causal stacks are unchanged
     rope_scaling: str | None = None  # rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain
     rope_scaling_factor: float = 1.0  # s >= 1: how many times the context is stretched; 1 is plain rope
@@ -200,6 +201,9 @@ class TransformerConfig:
             raise ValueError(f"position_init_std must be positive, got {self.position_init_std!r}")
         if self.kerple_variant not in KERPLE_VARIANTS:
             raise ValueError(f"kerple_variant={self.kerple_variant!r} is not one of {KERPLE_VARIANTS}")
+        if not 0 < self.kerple_r2_init_scale <= (1.0 if self.kerple_variant == "power" else float("inf")):
+            raise ValueError(f"kerple_r2_init_scale must be positive (at most 1 for the power variant), "
+                             f"got {self.kerple_r2_init_scale!r}")
         if self.directional_bias and (self.position not in DIRECTIONAL_POSITIONS or not self.bidirectional_stack):
             raise ValueError(f"{type(self).__name__}: directional_bias is for {DIRECTIONAL_POSITIONS} in a "
                              f"bidirectional stack (BERT, T5's encoder), got position={self.position!r}")

@@ -117,7 +117,8 @@ class KerpleBias(nnx.Module):
     to >= 0.01: r1 = softplus(raw1) and r2 = softplus(raw2), or for the power variant
     r2 = 2 sigmoid(raw2) in (0, 2). Initialised as that code: log r1 ~ U(0, 2),
     r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2); each drawn value clipped to its
-    clamp range [0.01, max - 0.01] so the inverse maps stay finite. `directional`: r1 and r2
+    clamp range [0.01, max - 0.01] so the inverse maps stay finite, then r2 multiplied by
+    `kerple_r2_init_scale` (1: the reference). `directional`: r1 and r2
     are [2, N], row 0 for keys at or before the query, row 1 for keys after it.
     """
 
@@ -129,6 +130,7 @@ class KerpleBias(nnx.Module):
         r1_max, r2_max = (2.0, 1.0) if self.variant == "log" else (1.0, 2.0)
         r1 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r1_max), self.EPS, r1_max - self.EPS)
         r2 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r2_max), self.EPS, r2_max - self.EPS)
+        r2 = r2 * config.kerple_r2_init_scale
         self.raw_r1 = nnx.Param(r1 + jnp.log(-jnp.expm1(-r1)))
         self.raw_r2 = nnx.Param(
             r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log"

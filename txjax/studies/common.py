@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from txjax.nn.positions import FireBias
+from txjax.nn.positions import FireBias, KerpleBias
 
 
 def parse_list(text: str, kind: type = str) -> tuple:
@@ -33,11 +33,18 @@ def init_params(model_cls, config, seed: int):
     return nnx.split(model_cls(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)[1]
 
 
-def fire_learned(model: nnx.Module) -> dict:
-    """FIRE's trained threshold L and scale c (the first FIRE bias of the model): whether the
-    normaliser psi(max(L, i, j)) varies with the positions (L below them) or is a constant."""
-    fire = next(m for _, m in nnx.iter_graph(model) if isinstance(m, FireBias))
-    return {"fire_threshold": round(float(fire.threshold), 3), "fire_c": round(float(fire.scale), 4)}
+def bias_learned(model: nnx.Module) -> dict:
+    """The trained scalars of the model's first FIRE or KERPLE bias ({} for other encodings).
+    FIRE: its threshold L and scale c, whether the normaliser psi(max(L, i, j)) varies with the
+    positions (L below them) or is a constant. KERPLE: r1 and r2 per head (per direction, then
+    head, when directional), how far and how fast its bias falls with distance."""
+    for _, module in nnx.iter_graph(model):
+        if isinstance(module, FireBias):
+            return {"fire_threshold": round(float(module.threshold), 3), "fire_c": round(float(module.scale), 4)}
+        if isinstance(module, KerpleBias):
+            return {name: np.round(np.asarray(value, np.float64), 4).tolist()
+                    for name, value in (("kerple_r1", module.r1), ("kerple_r2", module.r2))}
+    return {}
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:

@@ -37,8 +37,8 @@ from txjax.data import CharTokenizer, load_corpus
 from txjax.ops.positions import ROPE_SCALINGS
 from txjax.studies.common import (
     append_jsonl,
+    bias_learned,
     done_runs,
-    fire_learned,
     fmt_mean_std,
     git_revision,
     init_params,
@@ -221,7 +221,7 @@ def run_study(model_cfg: GPTConfig, train_cfg: TrainConfig, study: LengthStudyCo
             state, summary = fit(stepper, stepper.init_state(init_params(GPT, cfg, seed)),
                                  map(batch_fn, itertools.count()), key=jax.random.key(seed))
             t_train = time.time() - t0
-            learned = fire_learned(stepper.model(state.params)) if position == "fire" else {}
+            learned = bias_learned(stepper.model(state.params))
             keys = itertools.count(10_000 * seed)  # a fresh draw of random positions per window batch
 
             def logits_with(fn):

@@ -40,8 +40,8 @@ from txjax.data import IGNORE_INDEX
 from txjax.nn.random_positions import RandomDraw
 from txjax.studies.common import (
     append_jsonl,
+    bias_learned,
     done_runs,
-    fire_learned,
     git_revision,
     init_params,
     markdown_table,
@@ -91,6 +91,7 @@ class RandomizedConfig:
     fire_learn_threshold: bool = BertConfig.fire_learn_threshold  # FIRE learns L (their code); False: L stays fire_threshold
     fire_c: float = BertConfig.fire_c  # FIRE's initial scale c of psi(x) = log(c x + 1)
     fire_learn_c: bool = BertConfig.fire_learn_c  # FIRE learns c (their code); False: c stays fire_c
+    kerple_r2_init_scale: float = BertConfig.kerple_r2_init_scale  # KERPLE's initial r2 (the reference code's draw) times this
     random_positions_per_batch: bool = BertConfig.random_positions_per_batch  # one draw shared by a batch's rows, as their code (training and evaluation)
     stretch_test_positions: bool = False  # a cause-test, not the paper's protocol: longer test rows draw from a range grown with the row (eval_max_position)
     out_dir: str = "docs/results/randomized_positions"  # tables, plot, results.json, runs.jsonl
@@ -219,7 +220,7 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized,
         random_positions_per_batch=study.random_positions_per_batch,
         fire_threshold=study.fire_threshold, fire_learn_threshold=study.fire_learn_threshold,
-        fire_c=study.fire_c, fire_learn_c=study.fire_learn_c,
+        fire_c=study.fire_c, fire_learn_c=study.fire_learn_c, kerple_r2_init_scale=study.kerple_r2_init_scale,
         random_positions_form=(THEIR_FORMS.get(position, "positions") if study.random_positions_form == "theirs"
                                else study.random_positions_form))
 
@@ -260,7 +261,7 @@ def run_one(task: str, variant: str, seed: int, study: RandomizedConfig, train_c
     state, summary = fit(stepper, stepper.init_state(init_params(Bert, cfg, seed)),
                          map(batch_fn, itertools.count()), key=jax.random.key(seed))
     t_train = time.time() - t0
-    learned = fire_learned(stepper.model(state.params)) if cfg.position == "fire" else {}
+    learned = bias_learned(stepper.model(state.params))
     # The same examples for every variant and seed; one padded width per split.
     scored = [(n, width(task, study.train_max)) for n in range(1, study.train_max + 1)]
     scored += [(n, width(task, study.test_max)) for n in study.test_lengths]
