@@ -201,6 +201,13 @@ def test_unique_runs_keeps_the_first_of_repeated_runs():
     assert [r["bits_per_char"] for r in common.unique_runs(rows, length.RUN_KEY)] == [2.0, 3.0]
 
 
+def test_write_csv_takes_every_rows_keys(tmp_path):
+    """A key only later rows have (FIRE's c after RoPE runs) gets its column; rows without it say n/a."""
+    rows = [{"variant": "rope", "seed": 0, "acc": None}, {"variant": "fire", "seed": 0, "acc": 0.5, "fire_c": 0.1}]
+    lines = common.write_csv(tmp_path / "runs.csv", rows).read_text().splitlines()
+    assert lines == ["variant,seed,acc,fire_c", "rope,0,n/a,n/a", "fire,0,0.5,0.1"]
+
+
 def test_done_runs_reads_the_keys_a_resumed_study_skips(tmp_path):
     path = tmp_path / "runs.jsonl"
     assert common.done_runs(path, randomized.RUN_KEY) == set()  # a fresh study skips nothing

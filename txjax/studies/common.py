@@ -70,12 +70,13 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[dict]) -> Path:
-    """Rows of dicts (same keys) as CSV; None is written as 'n/a'."""
+    """Rows of dicts as CSV, one column per key of any row (in order of first appearance); None,
+    and a key a row lacks (a FIRE scale on a RoPE run), are written as 'n/a'."""
     path = Path(path)
     if not rows:
         raise ValueError(f"no rows to write to {path}")
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), restval="n/a")
         writer.writeheader()
         for row in rows:
             writer.writerow({k: "n/a" if v is None else v for k, v in row.items()})

@@ -367,7 +367,7 @@ def markdown(summary: list[dict], study: RandomizedConfig) -> str:
 def write_results(result: dict, study: RandomizedConfig) -> Path:
     summary = summarize(result["runs"])
     out = write_outputs(study.out_dir, result, summary, [
-        {k: v for k, v in r.items() if k != "accuracy_by_length"} for r in result["runs"]],
+        {k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in result["runs"]],
         markdown(summary, study))
     plot(result["runs"], study, out / "randomized_positions.png")
     return out
