@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from experiment_scripts import load_script
 from txjax import Bert
 from txjax.data import IGNORE_INDEX
-from txjax.studies.common import bias_learned
+from txjax.studies.common import PROFILE_DISTANCES, bias_learned
 from txjax.studies.randomized import (
     BLANK,
     FIRST,
@@ -202,12 +202,22 @@ def test_fires_threshold_reaches_the_model_and_its_learned_values_are_read():
                              fire_c=0.25, fire_learn_c=False)
     cfg = model_config("fire+random", "reverse_string", study)
     assert (cfg.fire_threshold, cfg.fire_learn_threshold, cfg.fire_c, cfg.fire_learn_c) == (4096.0, False, 0.25, False)
-    assert bias_learned(Bert(cfg, rngs=nnx.Rngs(0))) == {"fire_threshold": 4096.0, "fire_c": 0.25}
+    fixed = Bert(cfg, rngs=nnx.Rngs(0))
+    assert {k: v for k, v in bias_learned(fixed).items() if k != "fire_bias"} == {"fire_threshold": 4096.0,
+                                                                                  "fire_c": 0.25}
     learned = Bert(model_config("fire", "reverse_string", RandomizedConfig(positions="fire")), rngs=nnx.Rngs(0))
     fire = learned.encoder.positions.relative
     fire.threshold_multiplier[...] = jnp.asarray(-0.25)
     fire.c[...] = jnp.asarray(-0.5)
-    assert bias_learned(learned) == {"fire_threshold": 128.0, "fire_c": 0.5}
+    read = bias_learned(learned)
+    assert (read["fire_threshold"], read["fire_c"]) == (128.0, 0.5)
+    # The bias profile: a query d from a key at 0, per head, as the op computes it at that L and c.
+    d = np.asarray(PROFILE_DISTANCES, np.float64)
+    w1, b1, w2, b2 = (np.asarray(p[...], np.float64) for p in (fire.w1, fire.b1, fire.w2, fire.b2))
+    x = np.log1p(0.5 * d) / (np.log1p(0.5 * np.maximum(d, 128.0)) + 1e-6)
+    expected = np.maximum(x[:, None] * w1 + b1, 0.0) @ w2 + b2
+    assert np.shape(read["fire_bias"]) == (len(PROFILE_DISTANCES), study.num_heads)
+    np.testing.assert_allclose(read["fire_bias"], expected, atol=2e-4)
 
 
 @pytest.mark.parametrize("directional", [False, True])

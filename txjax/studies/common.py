@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -33,18 +34,27 @@ def init_params(model_cls, config, seed: int):
     return nnx.split(model_cls(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)[1]
 
 
+PROFILE_DISTANCES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
 def bias_learned(model: nnx.Module) -> dict:
     """The trained scalars of the model's first FIRE or KERPLE bias ({} for other encodings).
     FIRE: its threshold L and scale c, whether the normaliser psi(max(L, i, j)) varies with the
-    positions (L below them) or is a constant. KERPLE: r1 and r2 per head (per direction, then
-    head, when directional), how far and how fast its bias falls with distance."""
+    positions (L below them) or is a constant, and its bias per head for a query at each of
+    PROFILE_DISTANCES from a key at 0 (`fire_bias`, [distance][head]). KERPLE: r1 and r2 per head
+    (per direction, then head, when directional), how far and how fast its bias falls with distance."""
     for _, module in nnx.iter_graph(model):
         if isinstance(module, FireBias):
-            return {"fire_threshold": round(float(module.threshold), 3), "fire_c": round(float(module.scale), 4)}
+            bias_1NT1 = module(jnp.asarray(PROFILE_DISTANCES), jnp.zeros((1,), jnp.int32))
+            return {"fire_threshold": round(float(module.threshold), 3), "fire_c": round(float(module.scale), 4),
+                    "fire_bias": _rounded(jnp.transpose(bias_1NT1[0, :, :, 0]))}
         if isinstance(module, KerpleBias):
-            return {name: np.round(np.asarray(value, np.float64), 4).tolist()
-                    for name, value in (("kerple_r1", module.r1), ("kerple_r2", module.r2))}
+            return {"kerple_r1": _rounded(module.r1), "kerple_r2": _rounded(module.r2)}
     return {}
+
+
+def _rounded(x: jax.Array) -> list:
+    return np.round(np.asarray(x, np.float64), 4).tolist()
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
