@@ -126,6 +126,28 @@ def test_kerple_r2_init_scale_multiplies_the_reference_draw(variant):
             config.replace(kerple_r2_init_scale=1.5)
 
 
+@pytest.mark.parametrize("variant", ["log", "power"])
+def test_kerple_clamped_parameters_start_equal_and_pass_their_gradient_through(variant):
+    """kerple_positive="clamp" (the reference code): r1, r2 are the parameters, clamped to >= 0.01
+    (power r2 to <= 2) in value; the same draws as softplus start the same r1, r2; the gradient
+    reaches a parameter below the clamp, as the reference's in-place clamp lets it."""
+    config = GPTConfig(**TINY, position="kerple", kerple_variant=variant)
+    soft = KerpleBias(config, rngs=nnx.Rngs(0))
+    clamped = KerpleBias(config.replace(kerple_positive="clamp"), rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(clamped.r1, soft.r1, rtol=1e-5)
+    np.testing.assert_allclose(clamped.r2, soft.r2, rtol=1e-5)
+    np.testing.assert_array_equal(clamped.raw_r2[...], clamped.r2)
+    clamped.raw_r1[...] = jnp.asarray([-3.0, 0.5])
+    clamped.raw_r2[...] = jnp.asarray([-3.0, 5.0])
+    np.testing.assert_array_equal(clamped.r1, np.float32([0.01, 0.5]))
+    np.testing.assert_array_equal(clamped.r2, np.float32([0.01, 5.0 if variant == "log" else 2.0]))
+    positions = jnp.arange(5)
+    grads = nnx.grad(lambda m: jnp.sum(m(positions, positions)))(clamped)
+    assert (np.asarray(grads.raw_r1[...]) != 0).all() and (np.asarray(grads.raw_r2[...]) != 0).all()
+    with pytest.raises(ValueError, match="kerple_positive"):
+        config.replace(kerple_positive="abs")
+
+
 def test_fire_initialisation_follows_the_reference_code():
     module = FireBias(GPTConfig(**TINY, position="fire"), rngs=nnx.Rngs(0))
     assert module.w1.shape == (1, 32) and module.w2.shape == (32, 2) and module.b2.shape == (2,)

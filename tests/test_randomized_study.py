@@ -221,12 +221,14 @@ def test_fires_threshold_reaches_the_model_and_its_learned_values_are_read():
 
 
 @pytest.mark.parametrize("directional", [False, True])
-def test_kerples_r2_scale_reaches_the_model_and_its_learned_values_are_read(directional):
+def test_kerples_options_reach_the_model_and_its_learned_values_are_read(directional):
     """bias_learned reads KERPLE's r1, r2 per head (per direction, then head); other encodings give {}."""
-    study = RandomizedConfig(positions="kerple", kerple_r2_init_scale=0.125, directional_bias=directional)
+    study = RandomizedConfig(positions="kerple", kerple_r2_init_scale=0.125, directional_bias=directional,
+                             kerple_positive="clamp")
     model = Bert(model_config("kerple+random", "reverse_string", study), rngs=nnx.Rngs(0))
+    assert model.config.kerple_positive == "clamp"
     kerple = model.encoder.positions.relative
-    kerple.raw_r1[...] = jnp.full_like(kerple.raw_r1[...], np.log(np.expm1(0.75)))
+    kerple.raw_r1[...] = jnp.full_like(kerple.raw_r1[...], 0.75)
     learned = bias_learned(model)
     assert model.config.kerple_r2_init_scale == 0.125 and set(learned) == {"kerple_r1", "kerple_r2"}
     shape = (2, study.num_heads) if directional else (study.num_heads,)

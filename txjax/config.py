@@ -20,6 +20,7 @@ from txjax.ops.positions import KERPLE_VARIANTS, ROPE_SCALINGS
 
 POSITIONS = ("learned", "sinusoidal", "rope", "t5", "alibi", "none", "fire", "kerple", "xpos")
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal")  # a vector per position added to the input; the rest act in attention
+KERPLE_POSITIVE = ("softplus", "clamp")  # how KERPLE's r1, r2 stay positive
 DIRECTIONAL_POSITIONS = ("alibi", "fire", "kerple")  # biases of |i - j| that directional_bias can split by the key's side
 ROTARY_POSITIONS = ("rope", "xpos")  # rotate queries and keys; the rope_scaling fields apply
 CAUSAL_ONLY_POSITIONS = ("xpos",)  # defined for causal attention only: refused where a stack is bidirectional
@@ -118,6 +119,7 @@ class TransformerConfig:
     fire_c: float = 0.1  # FIRE: initial scale c of psi(x) = log(c x + 1) (the paper's code)
     fire_learn_c: bool = True  # FIRE: learn c (the paper's code); False: c stays fire_c
     kerple_variant: str = "log"  # KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2
+    kerple_positive: str = "softplus"  # KERPLE keeps r1, r2 > 0 by "softplus" of a raw parameter, or "clamp": the parameter itself, clamped to >= 0.01 (the power variant's r2 also <= 2) as the reference code does
     kerple_r2_init_scale: float = 1.0  # KERPLE: r2's initial draw (the reference code's) multiplied by this; the power variant's must stay below 2, so at most 1
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE in bidirectional stacks: False: one function of |i - j| both ways; True: keys before and after the query differ, as T5's buckets do (ALiBi: slope / 2 more before it, Ruoss et al.'s code; FIRE: the MLP reads the signed input; KERPLE: a second r1, r2 per head for keys after it); causal stacks are unchanged
     rope_scaling: str | None = None  # rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain
@@ -201,6 +203,8 @@ class TransformerConfig:
             raise ValueError(f"position_init_std must be positive, got {self.position_init_std!r}")
         if self.kerple_variant not in KERPLE_VARIANTS:
             raise ValueError(f"kerple_variant={self.kerple_variant!r} is not one of {KERPLE_VARIANTS}")
+        if self.kerple_positive not in KERPLE_POSITIVE:
+            raise ValueError(f"kerple_positive={self.kerple_positive!r} is not one of {KERPLE_POSITIVE}")
         if not 0 < self.kerple_r2_init_scale <= (1.0 if self.kerple_variant == "power" else float("inf")):
             raise ValueError(f"kerple_r2_init_scale must be positive (at most 1 for the power variant), "
                              f"got {self.kerple_r2_init_scale!r}")

@@ -70,6 +70,11 @@ def _uniform(key: jax.Array, shape: tuple[int, ...], low: float, high: float) ->
     return jax.random.uniform(key, shape, jnp.float32, low, high)
 
 
+def _clamp_straight_through(x: jax.Array, low: float, high: float | None) -> jax.Array:
+    """x clipped to [low, high] in value, with the gradient of x itself."""
+    return jax.lax.stop_gradient(jnp.clip(x, low, high)) + (x - jax.lax.stop_gradient(x))  # x - x: exactly 0
+
+
 class FireBias(nnx.Module):
     """FIRE's MLP, log scale c and threshold L (Li et al. 2023), one per stack.
 
@@ -113,36 +118,43 @@ class FireBias(nnx.Module):
 class KerpleBias(nnx.Module):
     """KERPLE's per-head r1, r2 > 0 (Chi et al. 2022), one pair per head and stack.
 
-    Kept positive by a parameterisation rather than the reference code's in-place clamp
-    to >= 0.01: r1 = softplus(raw1) and r2 = softplus(raw2), or for the power variant
-    r2 = 2 sigmoid(raw2) in (0, 2). Initialised as that code: log r1 ~ U(0, 2),
-    r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2); each drawn value clipped to its
-    clamp range [0.01, max - 0.01] so the inverse maps stay finite, then r2 multiplied by
-    `kerple_r2_init_scale` (1: the reference). `directional`: r1 and r2
-    are [2, N], row 0 for keys at or before the query, row 1 for keys after it.
+    `kerple_positive="softplus"` keeps them positive by a parameterisation: r1 = softplus(raw1)
+    and r2 = softplus(raw2), or for the power variant r2 = 2 sigmoid(raw2) in (0, 2).
+    `"clamp"` is the reference code's: r1 and r2 are the parameters, clamped to >= 0.01 (power
+    r2 to [0.01, 2]) where they are used. That code clamps them in place before each forward,
+    so their gradient is never cut; here the clamp passes the gradient straight through. Adam
+    then moves r2 by ~lr a step, where softplus moves it by ~lr * sigmoid(raw2), slower as r2 shrinks.
+    Initialised as that code: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2);
+    each drawn value clipped to [0.01, max - 0.01] so the inverse maps stay finite, then r2
+    multiplied by `kerple_r2_init_scale` (1: the reference). `directional`: r1 and r2 are [2, N],
+    row 0 for keys at or before the query, row 1 for keys after it.
     """
 
     EPS = 1e-2
 
     def __init__(self, config: TransformerConfig, *, directional: bool = False, rngs: nnx.Rngs):
         self.variant = config.kerple_variant
+        self.clamped = config.kerple_positive == "clamp"
         shape = (2, config.num_heads) if directional else (config.num_heads,)
         r1_max, r2_max = (2.0, 1.0) if self.variant == "log" else (1.0, 2.0)
         r1 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r1_max), self.EPS, r1_max - self.EPS)
         r2 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r2_max), self.EPS, r2_max - self.EPS)
         r2 = r2 * config.kerple_r2_init_scale
-        self.raw_r1 = nnx.Param(r1 + jnp.log(-jnp.expm1(-r1)))
-        self.raw_r2 = nnx.Param(
-            r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log"
-            else jnp.log(r2 / 2) - jnp.log1p(-r2 / 2)
-        )
+        if not self.clamped:  # the raw values whose softplus (power r2: 2 sigmoid) are r1, r2
+            r1 = r1 + jnp.log(-jnp.expm1(-r1))
+            r2 = r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log" else jnp.log(r2 / 2) - jnp.log1p(-r2 / 2)
+        self.raw_r1, self.raw_r2 = nnx.Param(r1), nnx.Param(r2)
 
     @property
     def r1(self) -> jax.Array:
+        if self.clamped:
+            return _clamp_straight_through(self.raw_r1[...], self.EPS, None)
         return jax.nn.softplus(self.raw_r1[...])
 
     @property
     def r2(self) -> jax.Array:
+        if self.clamped:
+            return _clamp_straight_through(self.raw_r2[...], self.EPS, None if self.variant == "log" else 2.0)
         if self.variant == "log":
             return jax.nn.softplus(self.raw_r2[...])
         return 2.0 * jax.nn.sigmoid(self.raw_r2[...])
