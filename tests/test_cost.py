@@ -91,8 +91,8 @@ def test_param_counts_with_grouped_kv_heads_equal_the_real_tree(family, kv_heads
     dict(position="fire", fire_learn_threshold=False),  # c only, no threshold multiplier
     dict(position="fire", fire_learn_c=False),  # the threshold multiplier, no c
     dict(position="fire", directional_bias=True),
-    dict(position="kerple", directional_bias=True),
-    dict(position="kerple", kerple_positive="clamp"),  # the same r1, r2 per head, kept positive by a clamp  # r1, r2 per head and direction (T5: in its encoder)
+    dict(position="kerple", directional_bias=True),  # r1, r2 per head and direction (T5: in its encoder)
+    dict(position="kerple", kerple_positive="clamp"),  # the same r1, r2 per head, kept positive by a clamp
 ])
 def test_param_counts_of_the_relative_bias_options_equal_the_real_tree(family, options):
     config = FAMILIES[family][0](**TINY, **options)
