@@ -18,7 +18,16 @@ from txjax.train.checkpoint import Checkpointer, CheckpointMismatch, check_compa
 from txjax.train.config import TrainConfig
 from txjax.train.experiment import RunConfig, train_run
 from txjax.train.loop import NonFiniteLoss, RunDirError, fit, prepare_run_dir, read_metrics
-from txjax.train.optim import averaged_params, decay_mask, make_optimizer, make_schedule, param_ema, relative_bias_mask
+from txjax.train.optim import (
+    averaged_params,
+    decay_mask,
+    make_optimizer,
+    make_schedule,
+    param_bounds,
+    param_ema,
+    project_to_bounds,
+    relative_bias_mask,
+)
 from txjax.train.steps import Stepper, gpt_loss, token_sums
 
 TINY = GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32)
@@ -61,6 +70,71 @@ def test_relative_bias_lr_multiplier_scales_only_the_relative_bias_updates(posit
     for k, relative in mask.items():
         np.testing.assert_allclose(updates[10.0][k], updates[1.0][k] * (10.0 if relative else 1.0), rtol=1e-6)
     np.testing.assert_allclose(next(v for k, v in updates[1.0].items() if mask[k]), -1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("bounds", [(0.01, None), (None, 2.0), (-1.0, 1.0)])
+def test_project_to_bounds_lands_each_bounded_parameter_inside_and_leaves_the_rest(bounds):
+    """p + u' = clip(p + u, low, high) for the bounded leaf, to within one rounding of p + u - p;
+    where p + u stays inside, and for the other leaf, the update is passed through untouched."""
+    rng = np.random.default_rng(0)
+    p = {"a": jnp.asarray(rng.normal(size=64), jnp.float32), "b": jnp.asarray(rng.normal(size=8), jnp.float32)}
+    u = {"a": jnp.asarray(3 * rng.normal(size=64), jnp.float32), "b": jnp.asarray(rng.normal(size=8), jnp.float32)}
+    opt = project_to_bounds([bounds, None])
+    out, _ = opt.update(u, opt.init(p), p)
+    new = optax.apply_updates(p, out)
+    moved = np.asarray(p["a"]) + np.asarray(u["a"])
+    clipped = np.clip(moved, *bounds)
+    np.testing.assert_allclose(new["a"], clipped, rtol=0, atol=1e-6)  # on a bound: one rounding of p + (bound - p)
+    np.testing.assert_array_equal(np.asarray(out["a"])[clipped == moved], np.asarray(u["a"])[clipped == moved])
+    low, high = (-np.inf if bounds[0] is None else bounds[0]), (np.inf if bounds[1] is None else bounds[1])
+    assert ((np.asarray(new["a"]) >= low - 1e-6) & (np.asarray(new["a"]) <= high + 1e-6)).all()
+    np.testing.assert_array_equal(out["b"], u["b"])
+
+
+def test_only_clamped_kerple_declares_bounds_and_only_then_the_optimizer_projects():
+    """kerple_positive="clamp" bounds r1, r2 (power r2 also above); softplus KERPLE and every other
+    model declare none, so their optimizer (and its state) is the one without projection."""
+    for variant, r2_bounds in (("log", (0.01, None)), ("power", (0.01, 2.0))):
+        model = GPT(dataclasses.replace(TINY, position="kerple", kerple_variant=variant, kerple_positive="clamp"),
+                    rngs=nnx.Rngs(0))
+        bounds = param_bounds(nnx.state(model, nnx.Param))
+        assert [b for b in bounds if b is not None] == [(0.01, None), r2_bounds]  # raw_r1, raw_r2
+        params = nnx.state(model, nnx.Param)
+        assert len(make_optimizer(TrainConfig(), params).init(params)) == 3  # clip, AdamW, projection
+    for position in ("kerple", "t5", "rope"):
+        params = nnx.state(GPT(dataclasses.replace(TINY, position=position), rngs=nnx.Rngs(0)), nnx.Param)
+        assert all(b is None for b in param_bounds(params))
+        assert len(make_optimizer(TrainConfig(), params).init(params)) == 2  # clip, AdamW
+
+
+def test_clamped_kerple_step_equals_the_reference_in_place_clamp():
+    """The reference clamps r1, r2 in place before each forward: a step is AdamW's, then r1, r2
+    clipped to >= 0.01. Fed the same gradients, the optimizer of a clamped KERPLE model gives
+    exactly that: bit for bit, except the values clipped onto the floor (one rounding). A learning rate
+    of 0.3 takes some r below the floor, so both branches are exercised."""
+    model = GPT(dataclasses.replace(TINY, position="kerple", kerple_positive="clamp"), rngs=nnx.Rngs(0))
+    cfg = TrainConfig(batch_size=8, warmup_steps=0, learning_rate=0.3, weight_decay=0.0, steps=3)
+    stepper = Stepper(model, gpt_loss, cfg)
+    params, batch = stepper.init_params, shift(random_rows(8))
+    bounds, leaves = param_bounds(params), jax.tree.leaves(params)
+    plain = make_optimizer(cfg, leaves)  # plain arrays declare no bounds: AdamW alone
+    opt_state, plain_state = stepper.optimizer.init(params), plain.init(leaves)
+    for step in range(3):
+        grads, _ = stepper.gradients(params, batch, jax.random.key(step), jnp.int32(step))
+        u, plain_state = plain.update(jax.tree.leaves(grads), plain_state, leaves)
+        expected = [np.clip(np.asarray(p + d), *b) if b else np.asarray(p + d) for p, d, b in zip(leaves, u, bounds)]
+        updates, opt_state = stepper.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        leaves = jax.tree.leaves(params)
+        for e, g, b in zip(expected, leaves, bounds):
+            inside = np.asarray(e) > 0.01 if b else np.ones(e.shape, bool)  # AdamW alone: bit for bit
+            np.testing.assert_array_equal(np.asarray(g)[inside], e[inside])
+            np.testing.assert_allclose(g, e, rtol=0, atol=1e-7)  # on the floor: one rounding
+    floor = [np.asarray(g) for g, b in zip(leaves, bounds) if b]
+    assert any((f <= 0.01 + 1e-7).any() for f in floor) and any((f > 0.02).any() for f in floor)
+    state, _ = stepper.train_step(stepper.init_state(), batch, jax.random.key(0))  # the jitted step projects too
+    jitted = [np.asarray(g) for g, b in zip(jax.tree.leaves(state.params), bounds) if b]
+    assert all((f >= 0.01 - 1e-7).all() for f in jitted) and any((f <= 0.01 + 1e-7).any() for f in jitted)
 
 
 def test_schedule_warmup_then_cosine():

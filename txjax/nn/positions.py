@@ -120,10 +120,13 @@ class KerpleBias(nnx.Module):
 
     `kerple_positive="softplus"` keeps them positive by a parameterisation: r1 = softplus(raw1)
     and r2 = softplus(raw2), or for the power variant r2 = 2 sigmoid(raw2) in (0, 2).
-    `"clamp"` is the reference code's: r1 and r2 are the parameters, clamped to >= 0.01 (power
-    r2 to [0.01, 2]) where they are used. That code clamps them in place before each forward,
-    so their gradient is never cut; here the clamp passes the gradient straight through. Adam
-    then moves r2 by ~lr a step, where softplus moves it by ~lr * sigmoid(raw2), slower as r2 shrinks.
+    `"clamp"` is the reference code's: r1 and r2 are the parameters, kept >= 0.01 (power r2 in
+    [0.01, 2]). That code clamps them in place before each forward, so their gradient is never
+    cut and a parameter pushed below the floor restarts from it. Here they are `bounds` metadata,
+    which the optimizer projects each step's parameters into (`txjax.train.optim.project_to_bounds`),
+    and clamped in value where used, gradient passed straight through (for values set outside the
+    bounds another way). Adam then moves r2 by ~lr a step, where softplus moves it by
+    ~lr * sigmoid(raw2), slower as r2 shrinks.
     Initialised as that code: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2);
     each drawn value clipped to [0.01, max - 0.01] so the inverse maps stay finite, then r2
     multiplied by `kerple_r2_init_scale` (1: the reference). `directional`: r1 and r2 are [2, N],
@@ -143,18 +146,22 @@ class KerpleBias(nnx.Module):
         if not self.clamped:  # the raw values whose softplus (power r2: 2 sigmoid) are r1, r2
             r1 = r1 + jnp.log(-jnp.expm1(-r1))
             r2 = r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log" else jnp.log(r2 / 2) - jnp.log1p(-r2 / 2)
-        self.raw_r1, self.raw_r2 = nnx.Param(r1), nnx.Param(r2)
+        if self.clamped:
+            self.raw_r1 = nnx.Param(r1, bounds=(self.EPS, None))
+            self.raw_r2 = nnx.Param(r2, bounds=(self.EPS, None if self.variant == "log" else 2.0))
+        else:
+            self.raw_r1, self.raw_r2 = nnx.Param(r1), nnx.Param(r2)
 
     @property
     def r1(self) -> jax.Array:
         if self.clamped:
-            return _clamp_straight_through(self.raw_r1[...], self.EPS, None)
+            return _clamp_straight_through(self.raw_r1[...], *self.raw_r1.bounds)
         return jax.nn.softplus(self.raw_r1[...])
 
     @property
     def r2(self) -> jax.Array:
         if self.clamped:
-            return _clamp_straight_through(self.raw_r2[...], self.EPS, None if self.variant == "log" else 2.0)
+            return _clamp_straight_through(self.raw_r2[...], *self.raw_r2.bounds)
         if self.variant == "log":
             return jax.nn.softplus(self.raw_r2[...])
         return 2.0 * jax.nn.sigmoid(self.raw_r2[...])

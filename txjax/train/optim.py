@@ -1,4 +1,4 @@
-"""AdamW with linear warmup, cosine decay, global-norm clipping and a weight-decay mask."""
+"""AdamW with linear warmup, cosine decay, global-norm clipping, a weight-decay mask, and bounds."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from txjax.train.config import TrainConfig
 
@@ -45,6 +46,33 @@ def _path_names(path) -> list[str]:
 def relative_bias_mask(params):
     """A pytree of bools like `params`: True for the parameters of learned relative position biases."""
     return jax.tree_util.tree_map_with_path(lambda p, _: RELATIVE_BIAS_MODULE in _path_names(p), params)
+
+
+def param_bounds(params) -> list:
+    """Per leaf of `params`, in `jax.tree.leaves` order: the (low, high) its `nnx.Variable` declares
+    as `bounds` metadata (`nnx.Param(x, bounds=(0.01, None))`; None: that side is open), else None."""
+    return [v.get_metadata().get("bounds") if isinstance(v, nnx.Variable) else None
+            for v in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))]
+
+
+def project_to_bounds(bounds: list) -> optax.GradientTransformation:
+    """Stateless: where p + u leaves a leaf's bounds, its update u becomes clip(p + u, low, high) - p,
+    so the step lands the parameter p on the bound (to within a rounding of p + u - p). That is the in-place
+    clamp after each step of reference code that keeps a parameter in a range (KERPLE's r1, r2:
+    `param.data.clamp(min=eps)` before every forward). Last before `param_ema`: it must see the
+    final updates."""
+
+    def project(u, p, b):
+        clipped = jnp.clip(p + u, *b)
+        return jnp.where(clipped == p + u, u, clipped - p)  # inside: the update itself, bit for bit
+
+    def update(updates, state, params):
+        u_leaves, treedef = jax.tree.flatten(updates)
+        out = [u if b is None else project(u, p, b)
+               for u, p, b in zip(u_leaves, jax.tree.leaves(params), bounds, strict=True)]
+        return treedef.unflatten(out), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def make_schedule(cfg: TrainConfig) -> optax.Schedule:
@@ -96,7 +124,8 @@ def averaged_params(opt_state, decay: float):
 def make_optimizer(cfg: TrainConfig, params) -> optax.GradientTransformation:
     """clip_by_global_norm(grad_clip) then AdamW(schedule), decay masked by `decay_mask(params)`;
     the relative biases' updates scaled by `relative_bias_lr_multiplier` (none decay, so that is
-    their learning rate times it); last, with `ema_decay`, `param_ema`."""
+    their learning rate times it); then, for parameters declared with `bounds`, `project_to_bounds`;
+    last, with `ema_decay`, `param_ema`."""
     parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
     parts.append(optax.adamw(
         make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
@@ -104,6 +133,9 @@ def make_optimizer(cfg: TrainConfig, params) -> optax.GradientTransformation:
     ))
     if cfg.relative_bias_lr_multiplier != 1.0:  # only then: the optimizer state of other runs is unchanged
         parts.append(optax.masked(optax.scale(cfg.relative_bias_lr_multiplier), relative_bias_mask(params)))
+    bounds = param_bounds(params)
+    if any(b is not None for b in bounds):  # only then, as above
+        parts.append(project_to_bounds(bounds))
     if cfg.ema_decay:  # only then, as above
         parts.append(param_ema(cfg.ema_decay))
     return parts[0] if len(parts) == 1 else optax.chain(*parts)
