@@ -50,6 +50,9 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     runs = variants(args)
     if args.only:
+        unknown = set(args.only.split(",")) - set(runs)
+        if unknown:
+            p.error(f"--only: no variant named {', '.join(sorted(unknown))}; the variants: {', '.join(runs)}")
         runs = {k: v for k, v in runs.items() if k in args.only.split(",")}
     names = list(runs)
     times: dict[str, list[float]] = {name: [] for name in names}

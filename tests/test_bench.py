@@ -4,6 +4,8 @@ Nothing here asserts a speed: timings are reported by the command, never tested.
 """
 
 import json
+import pathlib
+import runpy
 
 import pytest
 
@@ -95,3 +97,15 @@ def test_causal_block_size_flag(flag, expected):
         expected = ExecutionConfig().causal_block_size
     argv = [*TINY] if flag is None else ["--causal-block-size", flag, *TINY]
     assert bench.execution_from_args(bench.parse_args(argv)).causal_block_size == expected
+
+
+def test_cpu_vs_torch_refuses_an_unknown_variant_before_running_anything(monkeypatch, capsys):
+    """`--only` names variants as the table prints them ("txjax float32"); a name that matches
+    none is a usage error naming the variants, not an empty run."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))  # as `python benchmarks/...` puts its folder first
+    script = runpy.run_path(str(root / "benchmarks" / "cpu_vs_torch.py"))
+    with pytest.raises(SystemExit) as exit_info:
+        script["main"](["--only", "txjax float32,txjax-bfloat16"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "txjax-bfloat16" in err and "torch bfloat16 autocast" in err
