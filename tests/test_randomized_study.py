@@ -17,25 +17,17 @@ from txjax import Bert
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import PROFILE_DISTANCES, bias_learned
 from txjax.studies.randomized import (
-    BLANK,
-    FIRST,
-    MODULUS,
-    OPERATORS,
-    PAD,
     RandomizedConfig,
-    encode,
     eval_logits,
     eval_max_position,
-    evaluate_modular,
     markdown,
     model_config,
     randomization_gains,
     run_study,
-    sample_task,
     summarize,
     train_width,
-    width,
 )
+from txjax.studies.randomized_tasks import BLANK, FIRST, MODULUS, OPERATORS, PAD, encode, evaluate_modular, sample_task, width
 from txjax.train.config import TrainConfig
 from txjax.train.steps import Stepper, bert_loss
 

@@ -4,7 +4,8 @@
   bits per character with non-overlapping and sliding windows (scored by `windows`).
 - `synthetic`: copy and reverse (Kazemnejad et al. 2023), decoder-only and encoder-decoder;
   `synthetic_data` holds their rows and the read-outs of a model's answers.
-- `randomized`: Ruoss et al.'s algorithmic tasks with and without randomized positions.
+- `randomized`: Ruoss et al.'s algorithmic tasks with and without randomized positions;
+  `randomized_tasks` holds the tasks and their rows.
 - `mask_rate`: BERT MLM and T5 span corruption trained at several masking rates.
 - `memory`: training memory against sequence length, XLA's plan beside `txjax.cost`'s model.
 - `attention_maps`: every head's attention weights in one layer, as a PNG.
