@@ -143,13 +143,12 @@ class KerpleBias(nnx.Module):
         r1 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r1_max), self.EPS, r1_max - self.EPS)
         r2 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r2_max), self.EPS, r2_max - self.EPS)
         r2 = r2 * config.kerple_r2_init_scale
-        if not self.clamped:  # the raw values whose softplus (power r2: 2 sigmoid) are r1, r2
-            r1 = r1 + jnp.log(-jnp.expm1(-r1))
-            r2 = r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log" else jnp.log(r2 / 2) - jnp.log1p(-r2 / 2)
         if self.clamped:
             self.raw_r1 = nnx.Param(r1, bounds=(self.EPS, None))
             self.raw_r2 = nnx.Param(r2, bounds=(self.EPS, None if self.variant == "log" else 2.0))
-        else:
+        else:  # the raw values whose softplus (power r2: 2 sigmoid) are r1, r2
+            r1 = r1 + jnp.log(-jnp.expm1(-r1))
+            r2 = r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log" else jnp.log(r2 / 2) - jnp.log1p(-r2 / 2)
             self.raw_r1, self.raw_r2 = nnx.Param(r1), nnx.Param(r2)
 
     @property

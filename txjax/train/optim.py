@@ -57,14 +57,15 @@ def param_bounds(params) -> list:
 
 def project_to_bounds(bounds: list) -> optax.GradientTransformation:
     """Stateless: where p + u leaves a leaf's bounds, its update u becomes clip(p + u, low, high) - p,
-    so the step lands the parameter p on the bound (to within a rounding of p + u - p). That is the in-place
-    clamp after each step of reference code that keeps a parameter in a range (KERPLE's r1, r2:
-    `param.data.clamp(min=eps)` before every forward). Last before `param_ema`: it must see the
-    final updates."""
+    so the step lands the parameter p on the bound (to within one rounding of p + (bound - p)).
+    That is the in-place clamp after each step of reference code that keeps a parameter in a
+    range (KERPLE's r1, r2: `param.data.clamp(min=eps)` before every forward). Last before
+    `param_ema`: it must see the final updates."""
 
     def project(u, p, b):
-        clipped = jnp.clip(p + u, *b)
-        return jnp.where(clipped == p + u, u, clipped - p)  # inside: the update itself, bit for bit
+        moved = p + u
+        clipped = jnp.clip(moved, *b)
+        return jnp.where(clipped == moved, u, clipped - p)  # inside: the update itself, bit for bit
 
     def update(updates, state, params):
         u_leaves, treedef = jax.tree.flatten(updates)
