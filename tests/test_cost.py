@@ -91,6 +91,7 @@ def test_param_counts_with_grouped_kv_heads_equal_the_real_tree(family, kv_heads
     dict(position="fire", fire_learn_threshold=False),  # c only, no threshold multiplier
     dict(position="fire", fire_learn_c=False),  # the threshold multiplier, no c
     dict(position="fire", directional_bias=True),
+    dict(position="fire", fire_mlp_width=0),  # f linear: one weight and bias per head
     dict(position="kerple", directional_bias=True),  # r1, r2 per head and direction (T5: in its encoder)
     dict(position="kerple", kerple_positive="clamp"),  # the same r1, r2 per head, kept positive by a clamp
 ])

@@ -43,6 +43,29 @@ def test_fire_bias_matches_the_formula(jit):
         np.testing.assert_allclose(bias[0, :, q.index(i), k.index(j)], expected, atol=1e-5)
 
 
+@JIT
+def test_linear_fire_is_one_weight_and_bias_per_head_of_the_same_input(jit):
+    """fire_mlp_width=0: f is linear, b_h(i, j) = w_h x(i, j) + b_h with FIRE's x, here at the
+    points above (w = (2, -1), b = (0.1, 0.3)); the module holds w2 [1, N] and b2, drawn as
+    PyTorch's Linear(1, N) (U(-1, 1)), and nothing else but c and L."""
+    bias = call(lambda q, k: ops.fire_bias(q, k, None, None, jnp.array([[2.0, -1.0]]), jnp.array([0.1, 0.3]),
+                                           1.0, 3.0), jit, FIRE_Q, FIRE_K)
+    x = {(1, 0): 0.5, (3, 3): 0.0, (3, 0): 1.0, (7, 3): 0.773976, (15, 12): 0.5, (1, 12): 0.968794}
+    q, k = list(map(int, FIRE_Q)), list(map(int, FIRE_K))
+    for (i, j), xij in x.items():
+        np.testing.assert_allclose(bias[0, :, q.index(i), k.index(j)], (2 * xij + 0.1, -xij + 0.3), atol=1e-5)
+    module = FireBias(GPTConfig(**TINY, position="fire", fire_mlp_width=0), rngs=nnx.Rngs(0))
+    names = {str(path[-1]) for path, _ in nnx.to_flat_state(nnx.state(module, nnx.Param))}
+    assert names == {"w2", "b2", "c", "threshold_multiplier"} and module.w2.shape == (1, 2)
+    assert np.abs(np.asarray(module.w2[...])).max() <= 1.0
+    positions = jnp.arange(5)
+    expected = ops.fire_bias(positions, positions, None, None, module.w2[...], module.b2[...], module.scale,
+                             module.threshold)
+    np.testing.assert_array_equal(call(lambda p: module(p, p), jit, positions), expected)
+    with pytest.raises(ValueError, match="fire_mlp_width"):
+        GPTConfig(**TINY, position="fire", fire_mlp_width=-1)
+
+
 def test_fire_scale_enters_as_its_absolute_value():
     args = (FIRE_Q, FIRE_K, FIRE_W1, FIRE_B1, FIRE_W2, FIRE_B2)
     np.testing.assert_array_equal(ops.fire_bias(*args, -0.3, 3.0), ops.fire_bias(*args, 0.3, 3.0))

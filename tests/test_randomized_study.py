@@ -194,6 +194,8 @@ def test_fires_threshold_reaches_the_model_and_its_learned_values_are_read():
                              fire_c=0.25, fire_learn_c=False)
     cfg = model_config("fire+random", "reverse_string", study)
     assert (cfg.fire_threshold, cfg.fire_learn_threshold, cfg.fire_c, cfg.fire_learn_c) == (4096.0, False, 0.25, False)
+    assert cfg.fire_mlp_width == 32 and model_config(
+        "fire+random", "reverse_string", RandomizedConfig(positions="fire", fire_mlp_width=0)).fire_mlp_width == 0
     fixed = Bert(cfg, rngs=nnx.Rngs(0))
     assert {k: v for k, v in bias_learned(fixed).items() if k != "fire_bias"} == {"fire_threshold": 4096.0,
                                                                                   "fire_c": 0.25}

@@ -113,7 +113,7 @@ class TransformerConfig:
     random_positions_form: str = "positions"  # "positions": each token's position is drawn; "distances" (ALiBi only, Ruoss et al.'s code's random ALiBi): positions stay 0..T-1 and each offset 1, 2, ... gets a sorted random distance from [1, random_positions), per stack, the same for every query; "layers" (encodings that act in attention; Ruoss et al.'s code's RoPE): each attention layer draws its own positions, no packed documents
     pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
     dtype: str = "float32"  # compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32
-    fire_mlp_width: int = 32  # FIRE: hidden width of the MLP 1 -> W -> N heads
+    fire_mlp_width: int = 32  # FIRE: hidden width of the MLP 1 -> W -> N heads; 0: f is linear, 1 -> N (one weight and bias per head)
     fire_threshold: float = 512.0  # FIRE: initial threshold L of the normaliser psi(max(L, i)); learned as a multiple of this
     fire_learn_threshold: bool = True  # FIRE: learn L (the paper's code); False: L stays fire_threshold
     fire_c: float = 0.1  # FIRE: initial scale c of psi(x) = log(c x + 1) (the paper's code)
@@ -193,8 +193,8 @@ class TransformerConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         check_vocab_id(self, "pad_id", self.pad_id)
-        if not isinstance(self.fire_mlp_width, int) or self.fire_mlp_width < 1:
-            raise ValueError(f"fire_mlp_width must be a positive int, got {self.fire_mlp_width!r}")
+        if not isinstance(self.fire_mlp_width, int) or self.fire_mlp_width < 0:
+            raise ValueError(f"fire_mlp_width must be an int >= 0 (0: f linear), got {self.fire_mlp_width!r}")
         if not self.fire_threshold > 0:
             raise ValueError(f"fire_threshold must be positive, got {self.fire_threshold!r}")
         if not self.fire_c > 0:

@@ -86,10 +86,14 @@ class FireBias(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, directional: bool = False, rngs: nnx.Rngs):
         w, n = config.fire_mlp_width, config.num_heads
-        self.w1 = nnx.Param(_uniform(rngs.params(), (1, w), -1.0, 1.0))
-        self.b1 = nnx.Param(_uniform(rngs.params(), (w,), -1.0, 1.0))
-        self.w2 = nnx.Param(_uniform(rngs.params(), (w, n), -w ** -0.5, w ** -0.5))
-        self.b2 = nnx.Param(_uniform(rngs.params(), (n,), -w ** -0.5, w ** -0.5))
+        if w:
+            self.w1 = nnx.Param(_uniform(rngs.params(), (1, w), -1.0, 1.0))
+            self.b1 = nnx.Param(_uniform(rngs.params(), (w,), -1.0, 1.0))
+        else:  # f linear, 1 -> N: no hidden layer
+            self.w1 = self.b1 = None
+        fan_in = w or 1
+        self.w2 = nnx.Param(_uniform(rngs.params(), (fan_in, n), -fan_in ** -0.5, fan_in ** -0.5))
+        self.b2 = nnx.Param(_uniform(rngs.params(), (n,), -fan_in ** -0.5, fan_in ** -0.5))
         self.c = nnx.Param(jnp.asarray(config.fire_c, jnp.float32)) if config.fire_learn_c else None
         self.init_c = float(config.fire_c)
         self.threshold_multiplier = (nnx.Param(jnp.asarray(1.0, jnp.float32)) if config.fire_learn_threshold
@@ -111,8 +115,9 @@ class FireBias(nnx.Module):
 
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
         """[1 or B, N, T, S]."""
-        return ops.fire_bias(q_positions, k_positions, self.w1[...], self.b1[...], self.w2[...],
-                             self.b2[...], self.scale, self.threshold, directional=self.directional)
+        hidden = (None, None) if self.w1 is None else (self.w1[...], self.b1[...])
+        return ops.fire_bias(q_positions, k_positions, *hidden, self.w2[...], self.b2[...], self.scale,
+                             self.threshold, directional=self.directional)
 
 
 class KerpleBias(nnx.Module):

@@ -303,8 +303,8 @@ def _query_key_BTS(q_positions: jax.Array, k_positions: jax.Array) -> tuple[jax.
 def fire_bias(
     q_positions: jax.Array,
     k_positions: jax.Array,
-    w1_1W: jax.Array,
-    b1_W: jax.Array,
+    w1_1W: jax.Array | None,
+    b1_W: jax.Array | None,
     w2_WN: jax.Array,
     b2_N: jax.Array,
     c: jax.Array,
@@ -317,7 +317,8 @@ def fire_bias(
     psi(x) = log(|c| x + 1) amplifies local differences; dividing by psi of the later
     position ("progressive interpolation") maps every distance into [0, 1], so longer
     inputs reuse the range seen in training; the threshold L keeps short prefixes from
-    being stretched over it. f is the MLP 1 -> W (ReLU) -> N. max(L, i, j) is the paper's
+    being stretched over it. f is the MLP 1 -> W (ReLU) -> N, or, with w1 and b1 None, the linear
+    map 1 -> N (w2 is then [1, N]: one weight and bias per head). max(L, i, j) is the paper's
     max(L, i) on every causal key (j <= i), symmetric in i and j for an encoder.
     `directional`: a key after the query (j > i) gives f the negated input, so an encoder can tell
     the two directions apart; keys at or before it are the paper's.
@@ -330,7 +331,10 @@ def fire_bias(
     x_BTS = jnp.log1p(scale * distance_BTS) / (jnp.log1p(scale * normalizer_BTS) + eps)
     if directional:
         x_BTS = jnp.where(k_B1S > q_BT1, -x_BTS, x_BTS)
-    hidden_BTSW = jax.nn.relu(x_BTS[..., None] * w1_1W[None, None] + b1_W[None, None, None])
+    if w1_1W is None:
+        hidden_BTSW = x_BTS[..., None]
+    else:
+        hidden_BTSW = jax.nn.relu(x_BTS[..., None] * w1_1W[None, None] + b1_W[None, None, None])
     bias_BTSN = hidden_BTSW @ w2_WN + b2_N[None, None, None]
     return jnp.moveaxis(bias_BTSN, -1, 1)
 

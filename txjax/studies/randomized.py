@@ -85,6 +85,7 @@ class RandomizedConfig:
     fire_learn_threshold: bool = BertConfig.fire_learn_threshold  # FIRE learns L (their code); False: L stays fire_threshold
     fire_c: float = BertConfig.fire_c  # FIRE's initial scale c of psi(x) = log(c x + 1)
     fire_learn_c: bool = BertConfig.fire_learn_c  # FIRE learns c (their code); False: c stays fire_c
+    fire_mlp_width: int = BertConfig.fire_mlp_width  # FIRE's hidden width (their code: 32); 0: f linear, one weight per head
     kerple_r2_init_scale: float = BertConfig.kerple_r2_init_scale  # KERPLE's initial r2 (the reference code's draw) times this
     kerple_positive: str = BertConfig.kerple_positive  # KERPLE's r1, r2 kept positive by softplus (ours) or clamped (their code)
     random_positions_per_batch: bool = BertConfig.random_positions_per_batch  # one draw shared by a batch's rows, as their code (training and evaluation)
@@ -159,8 +160,8 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized,
         random_positions_per_batch=study.random_positions_per_batch,
         fire_threshold=study.fire_threshold, fire_learn_threshold=study.fire_learn_threshold,
-        fire_c=study.fire_c, fire_learn_c=study.fire_learn_c, kerple_r2_init_scale=study.kerple_r2_init_scale,
-        kerple_positive=study.kerple_positive,
+        fire_c=study.fire_c, fire_learn_c=study.fire_learn_c, fire_mlp_width=study.fire_mlp_width,
+        kerple_r2_init_scale=study.kerple_r2_init_scale, kerple_positive=study.kerple_positive,
         random_positions_form=(THEIR_FORMS.get(position, "positions") if study.random_positions_form == "theirs"
                                else study.random_positions_form))
 
