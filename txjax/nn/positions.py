@@ -81,7 +81,8 @@ class FireBias(nnx.Module):
     Initialised as the paper's reference code: PyTorch `nn.Linear` defaults
     (U(+-1/sqrt(fan_in)) for weights and biases), c = fire_c = 0.1 learned (a constant with
     `fire_learn_c=False`), and L = |m| * fire_threshold with the multiplier m = 1 learned (a
-    constant m = 1 with `fire_learn_threshold=False`).
+    constant m = 1 with `fire_learn_threshold=False`). `fire_mlp_width=0` makes f linear, 1 -> N
+    (a control: one weight and bias per head, no hidden layer).
     """
 
     def __init__(self, config: TransformerConfig, *, directional: bool = False, rngs: nnx.Rngs):
