@@ -225,6 +225,7 @@ def test_kerples_options_reach_the_model_and_its_learned_values_are_read(directi
     kerple.raw_r1[...] = jnp.full_like(kerple.raw_r1[...], 0.75)
     learned = bias_learned(model)
     assert model.config.kerple_r2_init_scale == 0.125 and set(learned) == {"kerple_r1", "kerple_r2"}
+    assert model_config("kerple", "reverse_string", RandomizedConfig(kerple_learn_r2=False)).kerple_learn_r2 is False
     shape = (2, study.num_heads) if directional else (study.num_heads,)
     np.testing.assert_allclose(learned["kerple_r1"], np.full(shape, 0.75), atol=1e-4)
     np.testing.assert_allclose(learned["kerple_r2"], np.asarray(kerple.r2), atol=1e-4)
