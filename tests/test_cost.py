@@ -94,7 +94,7 @@ def test_param_counts_with_grouped_kv_heads_equal_the_real_tree(family, kv_heads
     dict(position="fire", fire_mlp_width=0),  # f linear: one weight and bias per head
     dict(position="kerple", directional_bias=True),  # r1, r2 per head and direction (T5: in its encoder)
     dict(position="kerple", kerple_positive="clamp"),  # the same r1, r2 per head, kept positive by a clamp
-    dict(position="kerple", kerple_learn_r2=False),  # r1 per head; r2 a constant
+    dict(position="kerple", kerple_learn_r2=False),  # r1, r2 per head; r2 held at its draw is a parameter still
 ])
 def test_param_counts_of_the_relative_bias_options_equal_the_real_tree(family, options):
     config = FAMILIES[family][0](**TINY, **options)

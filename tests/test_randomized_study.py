@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from experiment_scripts import load_script
 from txjax import Bert
 from txjax.data import IGNORE_INDEX
-from txjax.studies.common import PROFILE_DISTANCES, bias_learned
+from txjax.studies.common import PROFILE_DISTANCES, bias_learned, init_params
 from txjax.studies.randomized import (
     RandomizedConfig,
     eval_logits,
@@ -225,7 +225,10 @@ def test_kerples_options_reach_the_model_and_its_learned_values_are_read(directi
     kerple.raw_r1[...] = jnp.full_like(kerple.raw_r1[...], 0.75)
     learned = bias_learned(model)
     assert model.config.kerple_r2_init_scale == 0.125 and set(learned) == {"kerple_r1", "kerple_r2"}
-    assert model_config("kerple", "reverse_string", RandomizedConfig(kerple_learn_r2=False)).kerple_learn_r2 is False
+    fixed = model_config("kerple", "reverse_string", RandomizedConfig(kerple_learn_r2=False))
+    assert fixed.kerple_learn_r2 is False
+    r2 = [np.asarray(init_params(Bert, fixed, seed)["encoder"]["positions"]["relative"]["raw_r2"][...]) for seed in (0, 1)]
+    assert not np.array_equal(*r2)  # held fixed, but drawn per seed with the other parameters
     shape = (2, study.num_heads) if directional else (study.num_heads,)
     np.testing.assert_allclose(learned["kerple_r1"], np.full(shape, 0.75), atol=1e-4)
     np.testing.assert_allclose(learned["kerple_r2"], np.asarray(kerple.r2), atol=1e-4)

@@ -30,7 +30,7 @@ def _ffn_params(config: TransformerConfig) -> int:
 def _position_params(config: TransformerConfig, directional: bool) -> int:
     """Per stack: a learned [max_len, D] table, T5's [buckets, N] relative table,
     FIRE's MLP 1 -> W -> N (W = 0: the linear 1 -> N) with c and the threshold multiplier (each
-    when learned), or KERPLE's r1, r2 per head (r2 when learned; per direction in a directional stack)."""
+    when learned), or KERPLE's r1, r2 per head (r2 too when held fixed; per direction in a directional stack)."""
     if config.position == "learned":
         return config.max_len * config.d_model
     if config.position == "t5":
@@ -39,7 +39,7 @@ def _position_params(config: TransformerConfig, directional: bool) -> int:
         w, n = config.fire_mlp_width, config.num_heads
         return (w + w) + ((w or 1) * n + n) + int(config.fire_learn_c) + int(config.fire_learn_threshold)
     if config.position == "kerple":
-        return (1 + int(config.kerple_learn_r2)) * config.num_heads * (2 if directional else 1)
+        return 2 * config.num_heads * (2 if directional else 1)
     return 0
 
 

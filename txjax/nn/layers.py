@@ -15,11 +15,6 @@ from txjax.ops.checks import is_concrete  # noqa: F401 (nn's modules import it f
 INIT = nnx.initializers.normal(stddev=0.02)
 
 
-class Constant(nnx.Variable):
-    """State a module computes with but nothing trains: not an `nnx.Param`, so the optimizer
-    never sees it, and `fresh_rngs` leaves it as it is."""
-
-
 def kernel_init(config: TransformerConfig):
     """Dense kernels: INIT, or (init "t5") N(0, 1/fan_in) as t5x does. t5x folds attention's
     1/sqrt(H) into the query kernel's init; here it stays in the logits, which is the same."""

@@ -9,7 +9,7 @@ from flax import nnx, struct
 
 from txjax import ops
 from txjax.config import ROTARY_POSITIONS, TransformerConfig
-from txjax.nn.layers import INIT, Constant, is_concrete
+from txjax.nn.layers import INIT, is_concrete
 from txjax.nn.random_positions import RandomDistances, RandomPositions
 
 
@@ -136,8 +136,10 @@ class KerpleBias(nnx.Module):
     Initialised as that code: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2);
     each drawn value clipped to [0.01, max - 0.01] so the inverse maps stay finite, then r2
     multiplied by `kerple_r2_init_scale` (1: the reference). `kerple_learn_r2=False` keeps r2 at
-    that draw, a constant (a control: the bias's shape fixed, its scale r1 learned). `directional`: r1 and r2 are [2, N],
-    row 0 for keys at or before the query, row 1 for keys after it.
+    that draw (a control: the bias's shape fixed, its scale r1 learned): r2 stays a parameter, so
+    it is drawn per seed with the others, but gets no gradient, and AdamW (which does not decay
+    it) leaves it where it is. `directional`: r1 and r2 are [2, N], row 0 for keys at or before
+    the query, row 1 for keys after it.
     """
 
     EPS = 1e-2
@@ -150,16 +152,15 @@ class KerpleBias(nnx.Module):
         r1 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r1_max), self.EPS, r1_max - self.EPS)
         r2 = jnp.clip(_uniform(rngs.params(), shape, 0.0, r2_max), self.EPS, r2_max - self.EPS)
         r2 = r2 * config.kerple_r2_init_scale
-        self.fixed_r2 = None if config.kerple_learn_r2 else Constant(r2)
+        self.learn_r2 = config.kerple_learn_r2
         if self.clamped:
             self.raw_r1 = nnx.Param(r1, bounds=(self.EPS, None))
             self.raw_r2 = nnx.Param(r2, bounds=(self.EPS, None if self.variant == "log" else 2.0))
         else:  # the raw values whose softplus (power r2: 2 sigmoid) are r1, r2
             r1 = r1 + jnp.log(-jnp.expm1(-r1))
-            r2 = r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log" else jnp.log(r2 / 2) - jnp.log1p(-r2 / 2)
+            if self.learn_r2:
+                r2 = r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log" else jnp.log(r2 / 2) - jnp.log1p(-r2 / 2)
             self.raw_r1, self.raw_r2 = nnx.Param(r1), nnx.Param(r2)
-        if self.fixed_r2 is not None:
-            self.raw_r2 = None
 
     @property
     def r1(self) -> jax.Array:
@@ -169,8 +170,8 @@ class KerpleBias(nnx.Module):
 
     @property
     def r2(self) -> jax.Array:
-        if self.fixed_r2 is not None:
-            return self.fixed_r2[...]
+        if not self.learn_r2:  # the draw itself, a parameter whose gradient is 0, so Adam never moves it
+            return jax.lax.stop_gradient(self.raw_r2[...])
         if self.clamped:
             return _clamp_straight_through(self.raw_r2[...], *self.raw_r2.bounds)
         if self.variant == "log":

@@ -72,22 +72,20 @@ class TrainState(NamedTuple):
 
 
 def fresh_rngs(rest, key: jax.Array):
-    """The non-parameter state with every RNG key replaced by fold_in(key, i) and counts zeroed;
-    other state (e.g. a `Constant`) as it is.
+    """The non-parameter state with every RNG key replaced by fold_in(key, i) and counts zeroed.
 
     Why: dropout keys become a pure function of (seed, step), so a resumed run draws
     exactly the same masks without checkpointing RNG state, and each dropout layer
     still gets its own key.
     """
-    variables, treedef = jax.tree.flatten(rest, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    leaves, treedef = jax.tree.flatten(rest)
     out = []
-    for i, v in enumerate(variables):
-        if isinstance(v, nnx.RngKey):
-            v = v.replace(jax.random.wrap_key_data(
-                jax.random.key_data(jax.random.fold_in(key, i)), impl=jax.random.key_impl(v[...])))
-        elif isinstance(v, nnx.RngCount):
-            v = v.replace(jnp.zeros_like(v[...]))
-        out.append(v)
+    for i, leaf in enumerate(leaves):
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            out.append(jax.random.wrap_key_data(
+                jax.random.key_data(jax.random.fold_in(key, i)), impl=jax.random.key_impl(leaf)))
+        else:
+            out.append(jnp.zeros_like(leaf))
     return jax.tree.unflatten(treedef, out)
 
 
