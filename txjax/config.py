@@ -120,7 +120,7 @@ class TransformerConfig:
     fire_learn_c: bool = True  # FIRE: learn c (the paper's code); False: c stays fire_c
     kerple_variant: str = "log"  # KERPLE: "log" -r1 log(1 + r2 |i-j|) or "power" -r1 |i-j|^r2
     kerple_positive: str = "softplus"  # KERPLE keeps r1, r2 > 0 by "softplus" of a raw parameter, or "clamp": the parameter itself, kept >= 0.01 (the power variant's r2 also <= 2) as the reference code does: clamped where used and after each optimizer step
-    kerple_learn_r2: bool = True  # KERPLE: learn r2 (the paper's); False: r2 stays its initial draw, a constant (a control: a bias of fixed shape whose scale r1 learns)
+    kerple_learn_r2: bool = True  # KERPLE: learn r2 (the paper's); False: r2 stays its initial draw, a parameter with no gradient (a control: a bias of fixed shape whose scale r1 learns)
     kerple_r2_init_scale: float = 1.0  # KERPLE: r2's initial draw (the reference code's) multiplied by this; the power variant's must stay below 2, so at most 1
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE in bidirectional stacks: False: one function of |i - j| both ways; True: keys before and after the query differ, as T5's buckets do (ALiBi: slope / 2 more before it, Ruoss et al.'s code; FIRE: the MLP reads the signed input; KERPLE: a second r1, r2 per head for keys after it); causal stacks are unchanged
     rope_scaling: str | None = None  # rope / xpos at inference on longer contexts: "linear" (positions / factor), "ntk" (base * factor^(H/(H-2))) or "yarn" (per-frequency ramp and attention temperature); None: plain

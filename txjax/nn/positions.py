@@ -156,7 +156,7 @@ class KerpleBias(nnx.Module):
         if self.clamped:
             self.raw_r1 = nnx.Param(r1, bounds=(self.EPS, None))
             self.raw_r2 = nnx.Param(r2, bounds=(self.EPS, None if self.variant == "log" else 2.0))
-        else:  # the raw values whose softplus (power r2: 2 sigmoid) are r1, r2
+        else:  # the raw values whose softplus (power r2: 2 sigmoid) are r1, r2 (r2 held fixed: r2 itself)
             r1 = r1 + jnp.log(-jnp.expm1(-r1))
             if self.learn_r2:
                 r2 = r2 + jnp.log(-jnp.expm1(-r2)) if self.variant == "log" else jnp.log(r2 / 2) - jnp.log1p(-r2 / 2)
