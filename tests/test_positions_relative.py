@@ -172,6 +172,21 @@ def test_kerple_clamped_parameters_start_equal_and_pass_their_gradient_through(v
         config.replace(kerple_positive="abs")
 
 
+@pytest.mark.parametrize("variant", ["log", "power"])
+@pytest.mark.parametrize("scale", [1.0, 0.125])
+def test_kerple_r2_held_fixed_is_what_r2_learned_starts_from_in_the_clamped_form(variant, scale):
+    """Clamped, r2 held fixed is the learned form's r2 at its start, bit for bit: kept >= 0.01 even
+    where kerple_r2_init_scale puts the draw below the floor."""
+    config = GPTConfig(**{**TINY, "d_model": 64, "num_heads": 64}, position="kerple", kerple_variant=variant,
+                       kerple_positive="clamp", kerple_r2_init_scale=scale)
+    learned = KerpleBias(config, rngs=nnx.Rngs(0))
+    fixed = KerpleBias(config.replace(kerple_learn_r2=False), rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(fixed.r2, learned.r2)
+    assert np.asarray(fixed.r2).min() >= 0.01
+    if scale < 1:
+        assert (np.asarray(fixed.raw_r2[...]) < 0.01).any()  # the floor is exercised
+
+
 def test_fire_initialisation_follows_the_reference_code():
     module = FireBias(GPTConfig(**TINY, position="fire"), rngs=nnx.Rngs(0))
     assert module.w1.shape == (1, 32) and module.w2.shape == (32, 2) and module.b2.shape == (2,)

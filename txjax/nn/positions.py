@@ -170,13 +170,15 @@ class KerpleBias(nnx.Module):
 
     @property
     def r2(self) -> jax.Array:
-        if not self.learn_r2:  # the draw itself, a parameter whose gradient is 0, so Adam never moves it
-            return jax.lax.stop_gradient(self.raw_r2[...])
         if self.clamped:
-            return _clamp_straight_through(self.raw_r2[...], *self.raw_r2.bounds)
-        if self.variant == "log":
-            return jax.nn.softplus(self.raw_r2[...])
-        return 2.0 * jax.nn.sigmoid(self.raw_r2[...])
+            r2 = _clamp_straight_through(self.raw_r2[...], *self.raw_r2.bounds)
+        elif not self.learn_r2:  # softplus form, r2 held fixed: the parameter is the draw itself
+            r2 = self.raw_r2[...]
+        elif self.variant == "log":
+            r2 = jax.nn.softplus(self.raw_r2[...])
+        else:
+            r2 = 2.0 * jax.nn.sigmoid(self.raw_r2[...])
+        return r2 if self.learn_r2 else jax.lax.stop_gradient(r2)  # held fixed: gradient 0, so Adam never moves it
 
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
         """[1 or B, N, T, S]."""
