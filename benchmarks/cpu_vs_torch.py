@@ -1,6 +1,7 @@
 """txjax's train step against a PyTorch GPT of nanoGPT's shapes, fresh processes interleaved.
 
     python benchmarks/cpu_vs_torch.py --rounds 3                       # the bench config (issue 22)
+    python benchmarks/cpu_vs_torch.py --rounds 3 --reference-attention # + txjax without the fused attention
     python benchmarks/cpu_vs_torch.py --rounds 3 --vocab 65 --seq 256 --d-model 384 --heads 6 \
         --layers 6 --d-ff 1536 --batch 8 --compile                      # the larger config, + torch.compile
 
@@ -32,6 +33,9 @@ def variants(args) -> dict[str, list[str]]:
     torch = [sys.executable, str(HERE / "torch_gpt.py"), *shape, *steps]
     runs = {"txjax float32": txjax + ["--dtype=float32"], "txjax bfloat16": txjax + ["--dtype=bfloat16"],
             "torch float32": torch + ["--dtype=float32"], "torch bfloat16 autocast": torch + ["--dtype=bfloat16"]}
+    if args.reference_attention:  # the attention txjax ran before the fused CPU kernel (attention_impl="auto")
+        runs["txjax float32 ref-attn"] = txjax + ["--dtype=float32", "--attention=reference"]
+        runs["txjax bfloat16 ref-attn"] = txjax + ["--dtype=bfloat16", "--attention=reference"]
     if args.compile:
         runs["torch.compile float32"] = torch + ["--dtype=float32", "--compile"]
         runs["torch.compile bfloat16"] = torch + ["--dtype=bfloat16", "--compile"]
@@ -46,6 +50,8 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="also time torch.compile")
+    p.add_argument("--reference-attention", action="store_true",
+                   help="also time txjax with attention_impl='reference' (no fused CPU kernel)")
     p.add_argument("--only", default="", help="comma-separated variant names to run (default: all)")
     args = p.parse_args(argv)
     runs = variants(args)

@@ -59,11 +59,13 @@ def test_causal_blocks_in_the_model_change_nothing(family, position):
     args = (tokens,) if family == "gpt" else (tokens, tokens)
 
     def loss_and_grads(block):
-        model = cls(cfg_cls(**base), rngs=nnx.Rngs(0), execution=ExecutionConfig(causal_block_size=block))
+        model = cls(cfg_cls(**base), rngs=nnx.Rngs(0),
+                    execution=ExecutionConfig(attention_impl="reference", causal_block_size=block))
         return nnx.jit(nnx.value_and_grad(lambda m: jnp.sum(jnp.tanh(m(*args)))))(model)
 
     def dots(block):  # the blocked model really runs more, smaller attention matmuls
-        model = cls(cfg_cls(**base), rngs=nnx.Rngs(0), execution=ExecutionConfig(causal_block_size=block))
+        model = cls(cfg_cls(**base), rngs=nnx.Rngs(0),
+                    execution=ExecutionConfig(attention_impl="reference", causal_block_size=block))
         graphdef, state = nnx.split(model)
         return str(jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(*args))(state)).count("dot_general")
 

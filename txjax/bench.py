@@ -32,7 +32,7 @@ from flax import nnx
 
 from txjax.argtypes import at_least
 from txjax import cost
-from txjax.config import CONFIGS, ExecutionConfig, TransformerConfig
+from txjax.config import ATTENTION_IMPLS, CONFIGS, ExecutionConfig, TransformerConfig
 from txjax.models import MODELS
 
 
@@ -163,6 +163,7 @@ def bench_train(config: TransformerConfig, bench: BenchConfig, execution: Execut
         "backend": jax.default_backend(),
         "devices": str(jax.devices()[0].device_kind),
         "dtype": config.dtype,
+        "attention": (execution or ExecutionConfig()).attention(jax.default_backend()),
         "batch": bench.batch,
         "seq": bench.seq,
         "params": cost.param_count(config),
@@ -220,7 +221,7 @@ def format_table(config: TransformerConfig, result: dict, execution: ExecutionCo
     rows = [
         f"train step: {c.family}  V {c.vocab_size}  T {result['seq']}  D {c.d_model}  N {c.num_heads}  "
         f"L {c.num_layers}  F {c.d_ff}  B {result['batch']}  {result['dtype']}  attention "
-        f"{e.attention_impl}",
+        f"{e.attention(result['backend'])}",
         f"backend {result['backend']} ({result['devices']}), params {result['params']:,}, "
         f"compile {result['compile_s']:.1f} s",
         "",
@@ -259,8 +260,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="compute dtype (config.dtype): bfloat16 is mixed precision, float32 "
                         "parameters and optimizer state as in training")
-    p.add_argument("--attention", choices=("reference", "xla", "cudnn"), default="reference",
-                   help="attention implementation (ExecutionConfig.attention_impl; cudnn: NVIDIA GPU, bfloat16)")
+    p.add_argument("--attention", choices=ATTENTION_IMPLS, default="auto",
+                   help="attention implementation (ExecutionConfig.attention_impl; cudnn: NVIDIA GPU, bfloat16; "
+                        "cpu_fused: the CPU's fused kernel; auto: cpu_fused on the CPU where it builds)")
     p.add_argument("--causal-block-size", default="config",
                    help="ExecutionConfig.causal_block_size: query block length of causal attention, 'none' "
                         "for unblocked, 'config' (default) for the config's own")

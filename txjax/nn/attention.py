@@ -42,7 +42,7 @@ class MultiHeadAttention(nnx.Module):
         kv_inner = config.kv_heads * config.head_size
         self.d_model = d
         self.scale = config.attention_scale
-        self.attention_impl = execution.attention_impl
+        self.attention_impl = execution.attention(jax.default_backend())
         dense = dense_kwargs(config, execution, rngs)
         self.xla_cpu_grads = dense["xla_cpu_grads"]
         self.q = Dense(d, inner, **dense)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from txjax.ops import cpu_attention
 from txjax.ops.checks import check_float, is_concrete
 from txjax.ops.positions import relative_positions
 
@@ -210,7 +211,7 @@ def attention_weights(
     return jnp.reshape(weights_BKMS, (b, n, t, -1))
 
 
-IMPLEMENTATIONS = ("reference", "xla", "cudnn")
+IMPLEMENTATIONS = ("reference", "xla", "cudnn", "cpu_fused")
 """The `implementation` choices of `dot_product_attention` (and of ExecutionConfig.attention_impl)."""
 
 
@@ -245,8 +246,9 @@ def dot_product_attention(
     `mask_to_bias(causal & padding)`, a T5 relative bias and an ALiBi bias.
     `scale` defaults to 1/sqrt(H); T5 checkpoints use 1.0. Softmax runs in
     float32; the output has v's dtype. `implementation`: "reference" (the
-    formula written out here, `reference_attention`) or "xla" / "cudnn"
-    (`jax.nn.dot_product_attention`).
+    formula written out here, `reference_attention`), "xla" / "cudnn"
+    (`jax.nn.dot_product_attention`) or "cpu_fused" (`txjax.ops.cpu_attention`: one fused
+    kernel per direction, float32, the CPU only; built with the system's C++ compiler).
 
     `causal_block_size`: the caller promises the bias hides every key after its
     query (causal, S == T). The queries are then cut into blocks of about this
@@ -269,6 +271,8 @@ def dot_product_attention(
             return _causal_blocks(bounds, q_BTNH, k_BSNH, v_BSNH, bias, lambda q, k, v, b: (
                 xla_dot_product_attention(q, k, v, b, scale, implementation)), axis=1, size=causal_block_size)
         return xla_dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, implementation)
+    if implementation == "cpu_fused":
+        return _cpu_fused(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size)
     if implementation != "reference":
         raise ValueError(f"attention implementation {implementation!r} is not one of {IMPLEMENTATIONS}")
     return reference_attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size)
@@ -301,6 +305,18 @@ def reference_attention(q_BTNH, k_BSNH, v_BSNH, bias=None, scale=None, causal_bl
     else:
         out_BNTH = attend(q_BNTH, k_BKSH, v_BKSH, bias)
     return _heads_major(out_BNTH)
+
+
+def _cpu_fused(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size) -> jax.Array:
+    """The fused CPU kernel; a `causal_block_size` is the same promise as for blocks (the bias hides
+    every later key, S == T), and the kernel then skips those keys whatever the block size."""
+    _check_qk(q_BTNH, k_BSNH, v_BSNH, bias)
+    t, s = q_BTNH.shape[1], k_BSNH.shape[1]
+    if causal_block_size is not None:
+        if s != t:
+            raise ValueError(f"attention: causal blocks need as many keys as queries, got T={t}, S={s}")
+        _check_causal(bias, t, causal_block_size)
+    return cpu_attention.attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal=causal_block_size is not None)
 
 
 def _causal_blocks(bounds, q, k, v, bias, attend, axis: int, size: int) -> jax.Array:

@@ -1,0 +1,165 @@
+"""The fused CPU attention kernel (txjax.ops.cpu_attention) against the reference formula:
+values and every gradient, for masks, relative biases, grouped queries, caches, odd head
+widths; and the models with attention_impl="cpu_fused" against "reference"."""
+
+import subprocess
+import sys
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+
+from txjax import GPT, T5, Bert, BertConfig, GPTConfig, T5Config, ops
+from txjax.config import ExecutionConfig
+from txjax.ops import cpu_attention
+
+pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason="no C++ compiler to build the kernel")
+
+
+def _inputs(b, t, s, n, k, h, seed=0):
+    kq, kk, kv, kd = jax.random.split(jax.random.key(seed), 4)
+    return (jax.random.normal(kq, (b, t, n, h)), jax.random.normal(kk, (b, s, k, h)),
+            jax.random.normal(kv, (b, s, k, h)), jax.random.normal(kd, (b, t, n, h)))
+
+
+def _value_and_grads(fn, q, k, v, bias, d_out):
+    """out and d(sum(out * d_out)) for q, k, v and (if given) the bias."""
+    args = (q, k, v) if bias is None else (q, k, v, bias)
+    out, vjp = jax.vjp(lambda *a: fn(*a) if bias is not None else fn(*a, None), *args)
+    return out, vjp(d_out)
+
+
+def _bias(kind, b, t, s, n, seed=1):
+    """None, a causal mask (queries the last t of s keys), padding with one fully hidden row,
+    or a causal mask plus a learned-looking [1, N, T, S] relative bias."""
+    causal = ops.mask_to_bias(ops.causal_mask(t, s))
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return causal
+    if kind == "padding":
+        valid_BS = jnp.arange(s)[None, :] < jnp.array([s, s // 2, 0] * b)[:b, None]
+        return ops.mask_to_bias(valid_BS[:, None, None, :])
+    return causal + jax.random.normal(jax.random.key(seed), (1, n, t, s))
+
+
+def _check(b, t, s, n, k, h, kind, jit, causal_flag, atol=2e-5):
+    q, kk, v, d_out = _inputs(b, t, s, n, k, h)
+    bias = _bias(kind, b, t, s, n)
+    ref = lambda q, k, v, bias: ops.dot_product_attention(q, k, v, bias)
+    fused = lambda q, k, v, bias: cpu_attention.attention(q, k, v, bias, causal=causal_flag)
+    run = jax.jit(_value_and_grads, static_argnums=0) if jit else _value_and_grads
+    out_ref, g_ref = _value_and_grads(ref, q, kk, v, bias, d_out)
+    out, g = run(fused, q, kk, v, bias, d_out)
+    np.testing.assert_allclose(out, out_ref, atol=atol, rtol=1e-5)
+    for name, a, e in zip("qkvb", g, g_ref):
+        assert np.all(np.isfinite(a)), name
+        np.testing.assert_allclose(a, e, atol=atol, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("b,t,n,h", [(2, 197, 4, 32), (3, 9, 2, 8), (2, 40, 3, 80), (1, 17, 1, 100)])
+def test_matches_reference_causal(b, t, n, h, jit):
+    """The bench config's attention (T 197, H 32) and head widths that are not a multiple of 16."""
+    _check(b, t, t, n, n, h, "causal", jit=jit, causal_flag=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 3), t=st.integers(1, 40), extra=st.integers(0, 20), n=st.sampled_from([1, 2, 4, 6]),
+       groups=st.sampled_from([1, 2]), h=st.sampled_from([4, 8, 16, 24, 32, 48, 64, 72]),
+       kind=st.sampled_from(["none", "causal", "padding", "relative"]), jit=st.booleans())
+def test_matches_reference_property(b, t, extra, n, groups, h, kind, jit):
+    """Any shape: S >= T keys (a cache's T new queries are the last T), K = N / groups key heads,
+    every bias kind; the causal skip only where S == T and the bias is causal, as a model uses it."""
+    k = n // groups if n % groups == 0 else n
+    s = t + extra
+    _check(b, t, s, n, k, h, kind, jit=jit, causal_flag=kind in ("causal", "relative") and s == t)
+
+
+def test_fully_masked_rows_give_zeros_and_zero_gradients():
+    q, k, v, d_out = _inputs(2, 5, 5, 2, 2, 8)
+    bias = jnp.full((2, 1, 5, 5), -jnp.inf).at[0].set(0.0)  # row 1: every key hidden
+    out, (dq, dk, dv) = _value_and_grads(lambda q, k, v, _: cpu_attention.attention(q, k, v, bias),
+                                         q, k, v, None, d_out)
+    assert np.all(np.asarray(out[1]) == 0.0)
+    for g in (dq, dk, dv):
+        assert np.all(np.isfinite(g)) and np.all(np.asarray(g[1]) == 0.0)
+
+
+def test_a_mask_gets_no_gradient_work_and_a_learned_bias_gets_its_sum():
+    """A bias that is not differentiated (a mask) returns no cotangent; a [1, N, T, S] one gets
+    the score gradient summed over the batch, as autodiff of the formula gives."""
+    q, k, v, d_out = _inputs(3, 6, 6, 2, 2, 8)
+    rel = jax.random.normal(jax.random.key(3), (1, 2, 6, 1))  # broadcast over keys too
+    f = lambda rel, impl: jnp.sum(ops.dot_product_attention(q, k, v, rel, implementation=impl) * d_out)
+    np.testing.assert_allclose(jax.grad(f)(rel, "cpu_fused"), jax.grad(f)(rel, "reference"), atol=1e-5)
+    hlo = jax.jit(jax.grad(lambda q: jnp.sum(cpu_attention.attention(q, k, v, ops.mask_to_bias(
+        ops.causal_mask(6)), causal=True)))).lower(q).as_text()
+    assert "bias_grad = 0 : i32" in hlo and "bias_grad = 1" not in hlo
+
+
+def test_bfloat16_inputs_compute_in_float32_and_return_bfloat16():
+    q, k, v, _ = _inputs(2, 9, 9, 2, 2, 16)
+    out = cpu_attention.attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)))
+    ref = ops.dot_product_attention(*(x.astype(jnp.bfloat16).astype(jnp.float32) for x in (q, k, v)))
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(out.astype(jnp.float32), ref, atol=1e-2)
+
+
+def test_vmap_runs_each_element():
+    q, k, v, _ = _inputs(2, 7, 7, 2, 2, 8)
+    batched = jax.vmap(lambda q, k, v: cpu_attention.attention(q, k, v))(q[:, None], k[:, None], v[:, None])
+    np.testing.assert_allclose(batched[:, 0], ops.dot_product_attention(q, k, v), atol=1e-6)
+
+
+def test_causal_blocks_promise_is_checked_as_for_the_reference():
+    q, k, v, _ = _inputs(1, 4, 4, 1, 1, 8)
+    with pytest.raises(ValueError, match="causal"):
+        ops.dot_product_attention(q, k, v, None, implementation="cpu_fused", causal_block_size=2)
+    with pytest.raises(ValueError, match="causal bias"):
+        ops.dot_product_attention(q, k, v, jnp.zeros((1, 1, 4, 4)), implementation="cpu_fused", causal_block_size=2)
+
+
+@pytest.mark.parametrize("family,position", [("gpt", "learned"), ("gpt", "kerple"), ("bert", "rope"),
+                                             ("t5", "t5")])
+def test_models_match_the_reference_implementation(family, position):
+    """Logits and every parameter's gradient, padded tokens included (GPT: none)."""
+    cls, cfg = {"gpt": (GPT, GPTConfig), "bert": (Bert, BertConfig), "t5": (T5, T5Config)}[family]
+    config = cfg(vocab_size=13, max_len=12, d_model=32, num_heads=4, num_layers=2, d_ff=64, position=position,
+                 pad_id=None if family == "gpt" else 0)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 11)), jnp.int32)
+    if family != "gpt":
+        tokens = tokens.at[1, 7:].set(0)
+    args = (tokens, tokens) if family == "t5" else (tokens,)
+
+    def loss_and_grads(impl):
+        model = cls(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(attention_impl=impl))
+        return nnx.jit(nnx.value_and_grad(lambda m: jnp.sum(jnp.tanh(m(*args)))))(model)
+
+    loss, grads = loss_and_grads("cpu_fused")
+    ref_loss, ref_grads = loss_and_grads("reference")
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4), grads, ref_grads)
+
+
+def test_auto_picks_the_kernel_on_the_cpu_only():
+    assert ExecutionConfig().attention("cpu") == "cpu_fused"
+    assert ExecutionConfig().attention("gpu") == "reference"
+    assert ExecutionConfig(attention_impl="reference").attention("cpu") == "reference"
+
+
+def test_without_a_compiler_auto_falls_back_with_a_warning(tmp_path):
+    """A fresh process whose $CXX does not exist and whose cache is empty: auto is the reference,
+    and the warning says why."""
+    code = ("import warnings, jax\nfrom txjax.config import ExecutionConfig\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    print(ExecutionConfig().attention('cpu'), any('C++ compiler' in str(x.message) for x in w))\n")
+    env = {"CXX": str(tmp_path / "no-such-compiler"), "XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
+           "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.split() == ["reference", "True"], done.stderr[-2000:]

@@ -1,0 +1,336 @@
+// Fused scaled dot-product attention for the CPU, float32: txjax.ops.cpu_attention builds this
+// file on first use and registers its two XLA FFI handlers. One work item is one (batch, key
+// head) pair: its query heads' scores, softmax and products run in per-thread scratch, so the
+// [B, N, T, S] scores never leave the cache and no heads-major copy of q, k or v is made. With
+// S == T and `causal`, only the lower triangle is computed. The backward pass recomputes the
+// weights from the saved log-sum-exp (as FlashAttention does).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+static inline v16 load(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
+static inline void store(float* p, v16 v) { std::memcpy(p, &v, 64); }
+static inline v16 splat(float x) { return v16{} + x; }
+static inline int round16(int x) { return (x + 15) / 16 * 16; }
+
+// exp(x) for x <= 0; x < -87 (and -inf) gives exactly 0. Cephes' expf polynomial.
+static inline v16 vexp(v16 x) {
+  vi16 tiny = x < -87.0f;
+  x = tiny ? splat(-87.0f) : x;
+  v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  v16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, 64);
+  return tiny ? splat(0.f) : p * scale;
+}
+
+enum Range { kAll = 0, kLower = 1, kUpper = 2 };
+
+// C[i, :16WC] = sum_k A(i, k) Bm[k, :16WC] with A(i, k) = A[i*ai + k*ak], 4 rows at a time.
+// kLower: k < i0 + 4; kUpper: k >= i0 (the causal triangles; A must be 0 outside each row's own).
+template <int WC>
+static void rows_mm(const float* A, long ai, long ak, const float* Bm, float* C, long W, int m, int range, int kmax) {
+  for (int i0 = 0; i0 < m; i0 += 4) {
+    int r = std::min(4, m - i0);
+    int k0 = range == kUpper ? i0 : 0, k1 = range == kLower ? std::min(kmax, i0 + 4) : kmax;
+    v16 acc[4][WC];
+    for (int a = 0; a < 4; ++a) for (int c = 0; c < WC; ++c) acc[a][c] = splat(0.f);
+    const float* Ar = A + (long)i0 * ai;
+    for (int k = k0; k < k1; ++k) {
+      v16 b[WC];
+      for (int c = 0; c < WC; ++c) b[c] = load(Bm + (long)k * W + 16 * c);
+      for (int a = 0; a < 4; ++a) {
+        v16 x = splat(Ar[a * ai + k * ak]);
+        for (int c = 0; c < WC; ++c) acc[a][c] += x * b[c];
+      }
+    }
+    for (int a = 0; a < r; ++a) for (int c = 0; c < WC; ++c) store(C + (long)(i0 + a) * W + 16 * c, acc[a][c]);
+  }
+}
+
+// rows_mm over Hp = 16 hc columns (row stride Hp), at most 64 at a time.
+static void rows_mm_any(int hc, const float* A, long ai, long ak, const float* Bm, float* C, int m, int range, int kmax) {
+  const long W = 16L * hc;
+  for (int c = 0; c < hc; c += 4) {
+    const float* B = Bm + 16 * c;
+    float* Cc = C + 16 * c;
+    switch (std::min(4, hc - c)) {
+      case 1: rows_mm<1>(A, ai, ak, B, Cc, W, m, range, kmax); break;
+      case 2: rows_mm<2>(A, ai, ak, B, Cc, W, m, range, kmax); break;
+      case 3: rows_mm<3>(A, ai, ak, B, Cc, W, m, range, kmax); break;
+      default: rows_mm<4>(A, ai, ak, B, Cc, W, m, range, kmax);
+    }
+  }
+}
+
+// S[i, j] = sum_h X[i, h] Yt[h, j] for j below 16*ceil((i0+4)/16) (causal) or all Sp columns.
+static void scores_mm(const float* X, int Hp, const float* Yt, int Sp, float* S, int T, bool causal) {
+  for (int i0 = 0; i0 < T; i0 += 4) {
+    int jend = causal ? std::min(Sp, round16(i0 + 4)) : Sp;
+    for (int j = 0; j < jend; j += 32) {
+      bool two = j + 16 < jend;
+      v16 acc[4][2];
+      for (int a = 0; a < 4; ++a) acc[a][0] = acc[a][1] = splat(0.f);
+      for (int h = 0; h < Hp; ++h) {
+        v16 b0 = load(Yt + (long)h * Sp + j), b1 = two ? load(Yt + (long)h * Sp + j + 16) : splat(0.f);
+        for (int a = 0; a < 4; ++a) {
+          v16 x = splat(X[(i0 + a) * Hp + h]);
+          acc[a][0] += x * b0;
+          acc[a][1] += x * b1;
+        }
+      }
+      for (int a = 0; a < 4 && i0 + a < T; ++a) {
+        store(S + (long)(i0 + a) * Sp + j, acc[a][0]);
+        if (two) store(S + (long)(i0 + a) * Sp + j + 16, acc[a][1]);
+      }
+    }
+  }
+}
+
+// q [B, T, N, H], k and v [B, S, K, H] (K divides N: query head n reads key head n / (N / K)),
+// row-major; the bias, if any, [B|1, N|1, T, S] with stride 0 on its broadcast axes.
+struct Dims {
+  int B, T, S, N, K, H;
+  float scale;
+  bool causal;          // key s is visible to query t only if s <= t + S - T (and the bias allows it)
+  long bias_b, bias_n;  // the bias's strides over batch and heads
+};
+
+struct Scratch {
+  int Hp, Sp;
+  std::vector<float> q, k, kt, v, vt, o, d, s, p;
+  explicit Scratch(const Dims& dm) : Hp(round16(dm.H)), Sp(round16(dm.S)) {
+    long rows = round16(std::max(dm.T, dm.S)) + 16;
+    for (auto* x : {&q, &k, &v, &o, &d}) x->assign(rows * Hp + 64, 0.f);
+    for (auto* x : {&kt, &vt}) x->assign((long)Hp * Sp + 64, 0.f);
+    for (auto* x : {&s, &p}) x->assign((round16(dm.T) + 16) * (long)Sp + 64, 0.f);
+  }
+};
+
+// Head `n` of x [rows, heads, H] into out [rows, Hp] (times mult), or transposed into [Hp, Sp].
+static void gather(const float* x, int rows, int heads, int H, int n, float mult, float* out, int Hp) {
+  for (int t = 0; t < rows; ++t)
+    for (int h = 0; h < H; ++h) out[t * Hp + h] = x[((long)t * heads + n) * H + h] * mult;
+}
+static void gather_t(const float* x, int rows, int heads, int H, int n, float* out, int Sp) {
+  for (int t = 0; t < rows; ++t)
+    for (int h = 0; h < H; ++h) out[(long)h * Sp + t] = x[((long)t * heads + n) * H + h];
+}
+// in [rows, Hp] (times mult) into head n of x [rows, heads, H], written or added.
+static void scatter(const float* in, int rows, int heads, int H, int n, float mult, float* x, int Hp, bool add) {
+  for (int t = 0; t < rows; ++t)
+    for (int h = 0; h < H; ++h) {
+      float& y = x[((long)t * heads + n) * H + h];
+      y = (add ? y : 0.f) + in[t * Hp + h] * mult;
+    }
+}
+
+// Number of keys row t may see before the bias: all S, or t + S - T + 1 when causal.
+static inline int row_keys(const Dims& dm, int t) { return dm.causal ? std::min(dm.S, std::max(0, t + dm.S - dm.T + 1)) : dm.S; }
+
+// P[t, :] = exp(S[t, :] + bias - lse[t]) on the row's visible keys, 0 elsewhere up to Sp.
+// With lse null, computes lse (log-sum-exp; +inf for a row with no visible key) and normalizes.
+static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, float* lse, bool fresh) {
+  for (int t = 0; t < dm.T; ++t) {
+    float* s = w.s.data() + (long)t * w.Sp;
+    float* p = w.p.data() + (long)t * w.Sp;
+    int nk = row_keys(dm, t), nk16 = round16(nk);
+    if (bias_TS) for (int j = 0; j < nk; ++j) s[j] += bias_TS[(long)t * dm.S + j];
+    for (int j = nk; j < nk16; ++j) s[j] = -INFINITY;
+    if (fresh) {
+      v16 mv = splat(-INFINITY);
+      for (int j = 0; j < nk16; j += 16) { v16 x = load(s + j); mv = x > mv ? x : mv; }
+      float m = -INFINITY;
+      for (int c = 0; c < 16; ++c) m = std::max(m, mv[c]);
+      float mf = std::isfinite(m) ? m : 0.f;
+      v16 sum = splat(0.f);
+      for (int j = 0; j < nk16; j += 16) { v16 e = vexp(load(s + j) - mf); store(p + j, e); sum += e; }
+      float l = 0.f;
+      for (int c = 0; c < 16; ++c) l += sum[c];
+      float inv = l > 0.f ? 1.f / l : 0.f;
+      for (int j = 0; j < nk16; j += 16) store(p + j, load(p + j) * inv);
+      lse[t] = l > 0.f ? mf + std::log(l) : INFINITY;
+    } else {
+      float m = lse[t];
+      for (int j = 0; j < nk16; j += 16) store(p + j, vexp(load(s + j) - m));
+    }
+    for (int j = nk16; j < w.Sp; ++j) p[j] = 0.f;
+  }
+}
+
+// Query head n of one batch row: out [T, N, H] and lse [T] (its log-sum-exp per query).
+static void forward_head(Scratch& w, const Dims& dm, const float* q, const float* k, const float* v,
+                         const float* bias_TS, int n, float* out, float* lse) {
+  const int kh = n / (dm.N / dm.K), hc = w.Hp / 16;
+  const bool tri = dm.causal && dm.S == dm.T;
+  gather(q, dm.T, dm.N, dm.H, n, dm.scale, w.q.data(), w.Hp);
+  gather_t(k, dm.S, dm.K, dm.H, kh, w.kt.data(), w.Sp);
+  gather(v, dm.S, dm.K, dm.H, kh, 1.f, w.v.data(), w.Hp);
+  scores_mm(w.q.data(), w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
+  softmax_rows(w, dm, bias_TS, lse, true);
+  rows_mm_any(hc, w.p.data(), w.Sp, 1, w.v.data(), w.o.data(), dm.T, tri ? kLower : kAll, dm.S);
+  scatter(w.o.data(), dm.T, dm.N, dm.H, n, 1.f, out, w.Hp, false);
+}
+
+// Query head n of one batch row, backward: dq written; dk and dv (its key head's) written by the
+// group's first query head and added to by the others; dbias_TS (optional) gets dL/dscores [T, S].
+static void backward_head(Scratch& w, const Dims& dm, const float* q, const float* k, const float* v,
+                          const float* bias_TS, const float* out, const float* lse, const float* dout, int n,
+                          float* dq, float* dk, float* dv, float* dbias_TS) {
+  const int group = dm.N / dm.K, kh = n / group, hc = w.Hp / 16;
+  const bool tri = dm.causal && dm.S == dm.T, add = n % group != 0;
+  gather(q, dm.T, dm.N, dm.H, n, dm.scale, w.q.data(), w.Hp);
+  gather_t(k, dm.S, dm.K, dm.H, kh, w.kt.data(), w.Sp);
+  gather(k, dm.S, dm.K, dm.H, kh, 1.f, w.k.data(), w.Hp);
+  gather_t(v, dm.S, dm.K, dm.H, kh, w.vt.data(), w.Sp);
+  gather(dout, dm.T, dm.N, dm.H, n, 1.f, w.d.data(), w.Hp);
+  gather(out, dm.T, dm.N, dm.H, n, 1.f, w.o.data(), w.Hp);
+  scores_mm(w.q.data(), w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
+  softmax_rows(w, dm, bias_TS, const_cast<float*>(lse), false);
+  scores_mm(w.d.data(), w.Hp, w.vt.data(), w.Sp, w.s.data(), dm.T, tri);  // s := dP = dO V^T
+  for (int t = 0; t < dm.T; ++t) {  // s := dS = P (dP - rowsum(dO O))
+    float dd = 0.f;
+    for (int h = 0; h < dm.H; ++h) dd += w.d[t * w.Hp + h] * w.o[t * w.Hp + h];
+    float* s = w.s.data() + (long)t * w.Sp;
+    const float* p = w.p.data() + (long)t * w.Sp;
+    int nk16 = round16(row_keys(dm, t));
+    for (int j = 0; j < nk16; j += 16) store(s + j, load(p + j) * (load(s + j) - dd));
+    for (int j = nk16; j < w.Sp; ++j) s[j] = 0.f;
+    if (dbias_TS) std::memcpy(dbias_TS + (long)t * dm.S, s, sizeof(float) * dm.S);
+  }
+  float* o = w.o.data();  // dq, then dk, then dv
+  rows_mm_any(hc, w.s.data(), w.Sp, 1, w.k.data(), o, dm.T, tri ? kLower : kAll, dm.S);
+  scatter(o, dm.T, dm.N, dm.H, n, dm.scale, dq, w.Hp, false);
+  rows_mm_any(hc, w.s.data(), 1, w.Sp, w.q.data(), o, dm.S, tri ? kUpper : kAll, dm.T);
+  scatter(o, dm.S, dm.K, dm.H, kh, 1.f, dk, w.Hp, add);
+  rows_mm_any(hc, w.p.data(), 1, w.Sp, w.d.data(), o, dm.S, tri ? kUpper : kAll, dm.T);
+  scatter(o, dm.S, dm.K, dm.H, kh, 1.f, dv, w.Hp, add);
+}
+
+// Runs item(scratch, i) for i in [0, items) on the caller and the pool's threads; returns when
+// every item is done. A task the pool starts late finds no item left: it touches only its copies.
+template <typename F>
+static void parallel_items(ffi::ThreadPool& pool, const Dims& dm, int items, F item) {
+  struct State { std::atomic<int> next{0}, done{0}; };
+  auto state = std::make_shared<State>();
+  auto work = [state, dm, items, item]() {  // dm by value: a late task may outlive the call
+    std::optional<Scratch> w;
+    for (int i; (i = state->next.fetch_add(1)) < items;) {
+      if (!w) w.emplace(dm);
+      item(*w, i);
+      state->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  int helpers = std::min<int64_t>(pool.num_threads(), items) - 1;
+  for (int t = 0; t < helpers; ++t) pool.Schedule([state, items, work]() {
+    if (state->next.load() < items) work();
+  });
+  work();
+  while (state->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
+}
+
+// One item is one batch row's group of query heads that share a key head, in order (so that dk
+// and dv are written by the group's first head before the others add to them).
+static Dims dims_of(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> bias, float scale,
+                    int32_t causal, int32_t has_bias) {
+  auto qd = q.dimensions(), kd = k.dimensions(), bd = bias.dimensions();
+  Dims dm{(int)qd[0], (int)qd[1], (int)kd[1], (int)qd[2], (int)kd[2], (int)qd[3], scale, causal != 0, 0, 0};
+  if (has_bias) {
+    dm.bias_n = bd[1] == 1 ? 0 : (long)dm.T * dm.S;
+    dm.bias_b = bd[0] == 1 ? 0 : (long)bd[1] * dm.T * dm.S;
+  }
+  return dm;
+}
+
+static const float* bias_at(ffi::Buffer<ffi::F32> bias, int32_t has_bias, const Dims& dm, int b, int n) {
+  return has_bias ? bias.typed_data() + b * dm.bias_b + n * dm.bias_n : nullptr;
+}
+
+static ffi::Error forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                          ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> bias, float scale, int32_t causal,
+                          int32_t has_bias, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
+  const Dims dm = dims_of(q, k, bias, scale, causal, has_bias);
+  const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H;
+  const int group = dm.N / dm.K;
+  parallel_items(pool, dm, dm.B * dm.K, [&](Scratch& w, int i) {
+    int b = i / dm.K;
+    for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n)
+      forward_head(w, dm, q.typed_data() + b * qs, k.typed_data() + b * ks, v.typed_data() + b * ks,
+                   bias_at(bias, has_bias, dm, b, n), n, out->typed_data() + b * qs,
+                   lse->typed_data() + ((long)b * dm.N + n) * dm.T);
+  });
+  return ffi::Error::Success();
+}
+
+static ffi::Error backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::F32> out,
+                           ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> dout, float scale, int32_t causal,
+                           int32_t has_bias, int32_t bias_grad, ffi::ResultBuffer<ffi::F32> dq,
+                           ffi::ResultBuffer<ffi::F32> dk, ffi::ResultBuffer<ffi::F32> dv,
+                           ffi::ResultBuffer<ffi::F32> dbias) {
+  const Dims dm = dims_of(q, k, bias, scale, causal, has_bias);
+  const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H, ts = (long)dm.T * dm.S;
+  const int group = dm.N / dm.K;
+  parallel_items(pool, dm, dm.B * dm.K, [&](Scratch& w, int i) {
+    int b = i / dm.K;
+    for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n)
+      backward_head(w, dm, q.typed_data() + b * qs, k.typed_data() + b * ks, v.typed_data() + b * ks,
+                    bias_at(bias, has_bias, dm, b, n), out.typed_data() + b * qs,
+                    lse.typed_data() + ((long)b * dm.N + n) * dm.T, dout.typed_data() + b * qs, n,
+                    dq->typed_data() + b * qs, dk->typed_data() + b * ks, dv->typed_data() + b * ks,
+                    bias_grad ? dbias->typed_data() + ((long)b * dm.N + n) * ts : nullptr);
+  });
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TxjaxAttentionForward, forward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("has_bias")
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TxjaxAttentionBackward, backward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("has_bias")
+                                  .Attr<int32_t>("bias_grad")
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -1,0 +1,166 @@
+"""Fused attention for the CPU: `cpu_attention.cc`, called through XLA's FFI.
+
+XLA:CPU runs attention as separate ops: heads-major copies of q, k and v, the [B, N, T, S]
+scores written to memory between the two matmuls, the softmax in between, the same again in
+the backward pass (BUILD.md, issue 22: 42 ms of a layer's forward and backward at the bench
+config on one core, PyTorch's fused kernel 29). The kernel does one (batch row, key head) at a
+time in per-thread scratch that stays in cache, reads q, k, v in their [B, T, N, H] layout,
+computes only the lower triangle of causal self-attention, and recomputes the weights in the
+backward pass from the saved log-sum-exp, as FlashAttention does. It computes in float32
+whatever the inputs' dtype, and returns the bias's gradient only when the bias is being
+differentiated (a T5, FIRE or KERPLE bias; not a mask).
+
+The source is compiled on first use with the system's C++ compiler (`$CXX`, else `g++`) for
+this CPU (`-march=native`) and kept in the cache folder (`$XDG_CACHE_HOME/txjax/kernels` or
+`~/.cache/txjax/kernels`), keyed by the source, the compiler, jaxlib and the CPU's flags.
+`available()` says whether that worked; `ExecutionConfig(attention_impl="cpu_fused")`
+chooses this path, and "auto" does on the CPU when it is available.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import math
+import os
+import platform
+import shlex
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SOURCE = Path(__file__).with_name("cpu_attention.cc")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+_TARGETS = {"forward": "TxjaxAttentionForward", "backward": "TxjaxAttentionBackward"}
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: `$XDG_CACHE_HOME/txjax/kernels`, else `~/.cache/txjax/kernels`."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "txjax" / "kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), else its name: `-march=native` code is built per CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def build() -> Path:
+    """The compiled library, built now if this source, compiler, jaxlib and CPU have none yet.
+    Raises RuntimeError (with the compiler's message) when it cannot be built."""
+    compiler = shlex.split(os.environ.get("CXX", "g++"))
+    try:
+        version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise RuntimeError(f"cpu_fused attention needs a C++ compiler ($CXX or g++): {e}") from e
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(compiler + list(FLAGS)), version,
+                                    jax.lib.__version__, _cpu_flags()]).encode()).hexdigest()[:16]
+    path = cache_dir() / f"cpu_attention-{key}.so"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        out = Path(tmp) / path.name
+        cmd = [*compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"cpu_fused attention: building {SOURCE.name} failed:\n{shlex.join(cmd)}\n"
+                               f"{done.stderr[-4000:]}")
+        os.replace(out, path)  # atomic: a concurrent build of the same key writes the same bytes
+    return path
+
+
+@functools.cache
+def _register() -> None:
+    library = ctypes.cdll.LoadLibrary(str(build()))
+    for name, symbol in _TARGETS.items():
+        jax.ffi.register_ffi_target(f"txjax_attention_{name}", jax.ffi.pycapsule(getattr(library, symbol)),
+                                    platform="cpu")
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernel is built (or could be now) and registered with XLA; warns once if not."""
+    try:
+        _register()
+    except (RuntimeError, OSError) as e:
+        warnings.warn(f"txjax: the fused CPU attention is not available, attention_impl='auto' falls back to "
+                      f"'reference' (slower on the CPU): {e}", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+def _call(name: str, results, *args, **attrs):
+    attrs = {k: np.float32(v) if isinstance(v, float) else np.int32(v) for k, v in attrs.items()}
+    return jax.ffi.ffi_call(f"txjax_attention_{name}", results, vmap_method="sequential")(*args, **attrs)
+
+
+def _forward(q, k, v, bias, scale, causal, has_bias):
+    b, t, n, _ = q.shape
+    return _call("forward", (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((b, n, t), jnp.float32)),
+                 q, k, v, bias, scale=scale, causal=causal, has_bias=has_bias)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _attention(q_BTNH, k_BSKH, v_BSKH, bias_BNTS, scale: float, causal: bool, has_bias: bool):
+    return _forward(q_BTNH, k_BSKH, v_BSKH, bias_BNTS, scale, causal, has_bias)[0]
+
+
+def _attention_fwd(q, k, v, bias, scale, causal, has_bias):
+    values = [x.value for x in (q, k, v, bias)]
+    out, lse = _forward(*values, scale, causal, has_bias)
+    return out, (*values, out, lse, has_bias and bias.perturbed)
+
+
+def _attention_bwd(scale, causal, has_bias, res, d_out):
+    q, k, v, bias, out, lse, bias_grad = res
+    b, t, n, _ = q.shape
+    dbias_shape = (b, n, t, k.shape[1]) if bias_grad else (1, 1, 1, 1)
+    results = tuple(jax.ShapeDtypeStruct(s, jnp.float32) for s in (q.shape, k.shape, v.shape, dbias_shape))
+    if isinstance(d_out, jax.custom_derivatives.SymbolicZero):
+        d_out = jnp.zeros_like(out)
+    dq, dk, dv, dbias = _call("backward", results, q, k, v, bias, out, lse, d_out, scale=scale, causal=causal,
+                              has_bias=has_bias, bias_grad=bias_grad)
+    if not bias_grad:
+        return dq, dk, dv, None
+    return dq, dk, dv, jnp.sum(dbias, axis=tuple(i for i, d in enumerate(bias.shape) if d == 1), keepdims=True)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
+
+
+def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, bias: jax.Array | None = None,
+              scale: float | None = None, causal: bool = False) -> jax.Array:
+    """softmax(q k^T * scale + bias) v, the contract of `txjax.ops.dot_product_attention`.
+
+    `causal`: the caller promises the bias hides every key after its query (S == T), and the
+    kernel skips them. The bias is taken as float32 [B|1, N|1, T, S]; q, k, v are computed in
+    float32 and the output has v's dtype. Builds the kernel on first use (see `build`).
+    """
+    _register()
+    b, t, n, h = q_BTNH.shape
+    s = k_BSKH.shape[1]
+    scale = 1.0 / math.sqrt(h) if scale is None else float(scale)
+    if t == 0 or s == 0:
+        return jnp.zeros((b, t, n, h), v_BSKH.dtype)
+    q, k, v = (x.astype(jnp.float32) for x in (q_BTNH, k_BSKH, v_BSKH))
+    if bias is None:
+        bias = jnp.zeros((1, 1, 1, 1), jnp.float32)
+    else:
+        bias = jnp.asarray(bias, jnp.float32)
+        bias = jnp.broadcast_to(bias, bias.shape[:2] + (t, s))
+    out = _attention(q, k, v, bias, scale, bool(causal), bias.shape[2:] == (t, s))
+    return out.astype(v_BSKH.dtype)
