@@ -218,8 +218,9 @@ def test_execution_config_picks_the_gradient_forms_visibly():
 
 
 def test_the_cpu_forms_train_as_autodiff_does_over_20_steps():
-    """A GPT (pre-norm, biases, tied head) trained 20 AdamW steps with clipping under
-    grad_forms "xla_cpu" and "autodiff": float32 losses agree to 1e-5 at every step (only the
+    """A GPT (pre-norm, biases, tied head) trained 20 AdamW steps with clipping under the CPU's
+    forms (grad_forms "xla_cpu", attention "auto": the fused kernel where it builds) and the
+    plain formulas ("autodiff", "reference"): float32 losses agree to 1e-5 at every step (only the
     order of float sums may differ). Parameters are not compared: Adam divides a near-zero
     gradient by its own scale, so their rounding moves such a parameter by up to the step size."""
     from txjax import GPT
@@ -230,8 +231,9 @@ def test_the_cpu_forms_train_as_autodiff_does_over_20_steps():
     config = GPTConfig(vocab_size=17, max_len=24, d_model=32, num_heads=2, num_layers=2, d_ff=64)
     batch, key = make_batch(config, 4, 24), jax.random.key(0)
 
-    def train(forms):
-        model = GPT(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(grad_forms=forms, causal_block_size=8))
+    def train(forms, attention):
+        model = GPT(config, rngs=nnx.Rngs(0),
+                    execution=ExecutionConfig(grad_forms=forms, attention_impl=attention, causal_block_size=8))
         train_config = TrainConfig(batch_size=4, steps=20, warmup_steps=2, learning_rate=1e-2, progress=False)
         stepper = Stepper(model, LOSSES["gpt"], train_config)
         state, losses = stepper.init_state(), []
@@ -240,6 +242,6 @@ def test_the_cpu_forms_train_as_autodiff_does_over_20_steps():
             losses.append(float(metrics["loss"]))
         return np.array(losses)
 
-    fast, plain = train("xla_cpu"), train("autodiff")
+    fast, plain = train("xla_cpu", "auto"), train("autodiff", "reference")
     assert fast[-1] < fast[0] - 1.0, fast  # it learns the one batch
     np.testing.assert_allclose(fast, plain, rtol=1e-5)

@@ -69,7 +69,8 @@ static void rows_mm(const float* A, long ai, long ak, const float* Bm, float* C,
 }
 
 // rows_mm over Hp = 16 hc columns (row stride Hp), at most 64 at a time.
-static void rows_mm_any(int hc, const float* A, long ai, long ak, const float* Bm, float* C, int m, int range, int kmax) {
+static void rows_mm_any(int hc, const float* A, long ai, long ak, const float* Bm, float* C, int m, int range,
+                        int kmax) {
   const long W = 16L * hc;
   for (int c = 0; c < hc; c += 4) {
     const float* B = Bm + 16 * c;
@@ -83,15 +84,16 @@ static void rows_mm_any(int hc, const float* A, long ai, long ak, const float* B
   }
 }
 
-// S[i, j] = sum_h X[i, h] Yt[h, j] for j below 16*ceil((i0+4)/16) (causal) or all Sp columns.
-static void scores_mm(const float* X, int Hp, const float* Yt, int Sp, float* S, int T, bool causal) {
+// S[i, j] = sum_{h < H} X[i, h] Yt[h, j] (X's rows Hp apart) for j below 16*ceil((i0+4)/16)
+// (causal) or all Sp columns.
+static void scores_mm(const float* X, int H, int Hp, const float* Yt, int Sp, float* S, int T, bool causal) {
   for (int i0 = 0; i0 < T; i0 += 4) {
     int jend = causal ? std::min(Sp, round16(i0 + 4)) : Sp;
     for (int j = 0; j < jend; j += 32) {
       bool two = j + 16 < jend;
       v16 acc[4][2];
       for (int a = 0; a < 4; ++a) acc[a][0] = acc[a][1] = splat(0.f);
-      for (int h = 0; h < Hp; ++h) {
+      for (int h = 0; h < H; ++h) {
         v16 b0 = load(Yt + (long)h * Sp + j), b1 = two ? load(Yt + (long)h * Sp + j + 16) : splat(0.f);
         for (int a = 0; a < 4; ++a) {
           v16 x = splat(X[(i0 + a) * Hp + h]);
@@ -146,7 +148,9 @@ static void scatter(const float* in, int rows, int heads, int H, int n, float mu
 }
 
 // Number of keys row t may see before the bias: all S, or t + S - T + 1 when causal.
-static inline int row_keys(const Dims& dm, int t) { return dm.causal ? std::min(dm.S, std::max(0, t + dm.S - dm.T + 1)) : dm.S; }
+static inline int row_keys(const Dims& dm, int t) {
+  return dm.causal ? std::min(dm.S, std::max(0, t + dm.S - dm.T + 1)) : dm.S;
+}
 
 // P[t, :] = exp(S[t, :] + bias - lse[t]) on the row's visible keys, 0 elsewhere up to Sp.
 // With lse null, computes lse (log-sum-exp; +inf for a row with no visible key) and normalizes.
@@ -186,7 +190,7 @@ static void forward_head(Scratch& w, const Dims& dm, const float* q, const float
   gather(q, dm.T, dm.N, dm.H, n, dm.scale, w.q.data(), w.Hp);
   gather_t(k, dm.S, dm.K, dm.H, kh, w.kt.data(), w.Sp);
   gather(v, dm.S, dm.K, dm.H, kh, 1.f, w.v.data(), w.Hp);
-  scores_mm(w.q.data(), w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
+  scores_mm(w.q.data(), dm.H, w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
   softmax_rows(w, dm, bias_TS, lse, true);
   rows_mm_any(hc, w.p.data(), w.Sp, 1, w.v.data(), w.o.data(), dm.T, tri ? kLower : kAll, dm.S);
   scatter(w.o.data(), dm.T, dm.N, dm.H, n, 1.f, out, w.Hp, false);
@@ -205,9 +209,9 @@ static void backward_head(Scratch& w, const Dims& dm, const float* q, const floa
   gather_t(v, dm.S, dm.K, dm.H, kh, w.vt.data(), w.Sp);
   gather(dout, dm.T, dm.N, dm.H, n, 1.f, w.d.data(), w.Hp);
   gather(out, dm.T, dm.N, dm.H, n, 1.f, w.o.data(), w.Hp);
-  scores_mm(w.q.data(), w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
+  scores_mm(w.q.data(), dm.H, w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
   softmax_rows(w, dm, bias_TS, const_cast<float*>(lse), false);
-  scores_mm(w.d.data(), w.Hp, w.vt.data(), w.Sp, w.s.data(), dm.T, tri);  // s := dP = dO V^T
+  scores_mm(w.d.data(), dm.H, w.Hp, w.vt.data(), w.Sp, w.s.data(), dm.T, tri);  // s := dP = dO V^T
   for (int t = 0; t < dm.T; ++t) {  // s := dS = P (dP - rowsum(dO O))
     float dd = 0.f;
     for (int h = 0; h < dm.H; ++h) dd += w.d[t * w.Hp + h] * w.o[t * w.Hp + h];

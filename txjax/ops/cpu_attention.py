@@ -110,8 +110,8 @@ def _call(name: str, results, *args, **attrs):
 
 def _forward(q, k, v, bias, scale, causal, has_bias):
     b, t, n, _ = q.shape
-    return _call("forward", (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((b, n, t), jnp.float32)),
-                 q, k, v, bias, scale=scale, causal=causal, has_bias=has_bias)
+    results = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((b, n, t), jnp.float32))
+    return _call("forward", results, q, k, v, bias, scale=scale, causal=causal, has_bias=has_bias)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -157,10 +157,10 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, bias: jax
     if t == 0 or s == 0:
         return jnp.zeros((b, t, n, h), v_BSKH.dtype)
     q, k, v = (x.astype(jnp.float32) for x in (q_BTNH, k_BSKH, v_BSKH))
-    if bias is None:
-        bias = jnp.zeros((1, 1, 1, 1), jnp.float32)
-    else:
+    has_bias = bias is not None
+    if has_bias:
         bias = jnp.asarray(bias, jnp.float32)
         bias = jnp.broadcast_to(bias, bias.shape[:2] + (t, s))
-    out = _attention(q, k, v, bias, scale, bool(causal), bias.shape[2:] == (t, s))
-    return out.astype(v_BSKH.dtype)
+    else:  # the kernel reads nothing of it
+        bias = jnp.zeros((1, 1, 1, 1), jnp.float32)
+    return _attention(q, k, v, bias, scale, bool(causal), has_bias).astype(v_BSKH.dtype)
