@@ -36,7 +36,8 @@ PRESETS = {
     # FLOPs, 0.9 nats better), 4,000 steps of 16 images (64,000 images, 1.07 epochs) in mixed
     # bfloat16 (float32 parameters) on a CPU with bfloat16 dot instructions (AMX machine,
     # 2026-12-04: 125 ms/step, 9 min 24 s in all; test NLL 58.75 nats/image, samples'
-    # confident share 0.83 of real digits': BUILD.md, "CPU presets"). Elsewhere (no
+    # confident share 0.83 of real digits': BUILD.md, "CPU presets"; 2026-12-06, with the fused
+    # CPU attention: 85 ms/step, 6 min 32 s in all, 58.76 nats/image). Elsewhere (no
     # avx512_bf16 / amx_bf16 in /proc/cpuinfo) bfloat16 is slower than float32, so the preset
     # computes in float32 there and takes longer (its first line says which).
     "cpu": {
