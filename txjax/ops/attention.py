@@ -212,7 +212,7 @@ def attention_weights(
 
 
 IMPLEMENTATIONS = ("reference", "xla", "cudnn", "cpu_fused")
-"""The `implementation` choices of `dot_product_attention` (and of ExecutionConfig.attention_impl)."""
+"""The `implementation` choices of `dot_product_attention` (ExecutionConfig.attention_impl adds "auto")."""
 
 
 def _block_bias(bias_BNTS: jax.Array, t0: int, t1: int) -> jax.Array:

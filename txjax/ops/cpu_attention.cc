@@ -307,34 +307,30 @@ static ffi::Error backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
   return ffi::Error::Success();
 }
 
+// q, k, v and the bias: the arguments both handlers start with.
+static auto bind_inputs() {
+  using F32 = ffi::Buffer<ffi::F32>;
+  return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<F32>().Arg<F32>().Arg<F32>().Arg<F32>();
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TxjaxAttentionForward, forward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                              bind_inputs()
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("causal")
                                   .Attr<int32_t>("has_bias")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // out
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // lse
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TxjaxAttentionBackward, backward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                              bind_inputs()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // out
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // lse
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // dout
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("causal")
                                   .Attr<int32_t>("has_bias")
                                   .Attr<int32_t>("bias_grad")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dq
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dk
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dv
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // dbias
