@@ -215,13 +215,13 @@ def bench_decode(config: TransformerConfig, batch: int, new_tokens: int, repeats
             "decode_tokens_per_s": batch * new_tokens / median}
 
 
-def format_table(config: TransformerConfig, result: dict, execution: ExecutionConfig | None = None) -> str:
+def format_table(config: TransformerConfig, result: dict) -> str:
     """Human-readable summary of `bench_train`'s result."""
-    c, e = config, ExecutionConfig() if execution is None else execution
+    c = config
     rows = [
         f"train step: {c.family}  V {c.vocab_size}  T {result['seq']}  D {c.d_model}  N {c.num_heads}  "
         f"L {c.num_layers}  F {c.d_ff}  B {result['batch']}  {result['dtype']}  attention "
-        f"{e.attention(result['backend'])}",
+        f"{result['attention']}",
         f"backend {result['backend']} ({result['devices']}), params {result['params']:,}, "
         f"compile {result['compile_s']:.1f} s",
         "",
@@ -295,7 +295,7 @@ def main(argv=None, host_memory: bool | None = None) -> dict:
                         burst=args.burst)
     result = bench_train(config, bench, execution)
     result["host_memory_reused"] = host_memory
-    print(format_table(config, result, execution))
+    print(format_table(config, result))
     print("  host memory: " + {True: "one malloc arena, reused from step to step (txjax.hostmem)",
                                False: "glibc's default malloc (TXJAX_MALLOC=default, an accelerator, or not glibc)",
                                None: "malloc as the caller left it (txjax.hostmem not called here)"}[host_memory])

@@ -122,9 +122,12 @@ def _check_block_size(causal_block_size) -> None:
         raise ValueError(f"attention: causal_block_size must be a positive int or None, got {causal_block_size!r}")
 
 
-def _check_causal(bias: jax.Array | None, t: int, causal_block_size: int) -> None:
-    """Blocks skip the keys after each query, so the bias must hide them: refused when it is None
-    or (concrete) not -inf there; a traced bias is the caller's promise."""
+def _check_causal(bias: jax.Array | None, t: int, s: int, causal_block_size: int) -> None:
+    """Blocks skip the keys after each query, so there must be as many keys as queries and the bias
+    must hide the later ones: refused when it is None or (concrete) not -inf there; a traced bias is
+    the caller's promise."""
+    if s != t:
+        raise ValueError(f"attention: causal blocks need as many keys as queries, got T={t}, S={s}")
     if bias is None:
         raise ValueError(f"attention: causal_block_size={causal_block_size} skips the keys after each query, "
                          "but bias is None; pass a causal bias (mask_to_bias(causal_mask(T)) + ...) or no blocks")
@@ -311,20 +314,14 @@ def _cpu_fused(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal_block_size) -> jax.Ar
     """The fused CPU kernel; a `causal_block_size` is the same promise as for blocks (the bias hides
     every later key, S == T), and the kernel then skips those keys whatever the block size."""
     _check_qk(q_BTNH, k_BSNH, v_BSNH, bias)
-    t, s = q_BTNH.shape[1], k_BSNH.shape[1]
     if causal_block_size is not None:
-        if s != t:
-            raise ValueError(f"attention: causal blocks need as many keys as queries, got T={t}, S={s}")
-        _check_causal(bias, t, causal_block_size)
+        _check_causal(bias, q_BTNH.shape[1], k_BSNH.shape[1], causal_block_size)
     return cpu_attention.attention(q_BTNH, k_BSNH, v_BSNH, bias, scale, causal=causal_block_size is not None)
 
 
 def _causal_blocks(bounds, q, k, v, bias, attend, axis: int, size: int) -> jax.Array:
     """attend() per query block [t0, t1) over keys [0, t1), concatenated; T is `axis`."""
-    t, s = q.shape[axis], k.shape[axis]
-    if s != t:
-        raise ValueError(f"attention: causal blocks need as many keys as queries, got T={t}, S={s}")
-    _check_causal(bias, t, size)
+    _check_causal(bias, q.shape[axis], k.shape[axis], size)
     take = lambda x, a, b: jax.lax.slice_in_dim(x, a, b, axis=axis)
     outs = [
         attend(take(q, t0, t1), take(k, 0, t1), take(v, 0, t1),

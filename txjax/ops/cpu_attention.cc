@@ -152,16 +152,17 @@ static inline int row_keys(const Dims& dm, int t) {
   return dm.causal ? std::min(dm.S, std::max(0, t + dm.S - dm.T + 1)) : dm.S;
 }
 
-// P[t, :] = exp(S[t, :] + bias - lse[t]) on the row's visible keys, 0 elsewhere up to Sp.
-// With lse null, computes lse (log-sum-exp; +inf for a row with no visible key) and normalizes.
-static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, float* lse, bool fresh) {
+// P[t, :] = exp(S[t, :] + bias - lse[t]) on the row's visible keys, 0 elsewhere up to Sp, from the
+// forward pass's saved_lse; without it, computes the softmax and writes lse_out (the log-sum-exp,
+// +inf for a row with no visible key).
+static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const float* saved_lse, float* lse_out) {
   for (int t = 0; t < dm.T; ++t) {
     float* s = w.s.data() + (long)t * w.Sp;
     float* p = w.p.data() + (long)t * w.Sp;
     int nk = row_keys(dm, t), nk16 = round16(nk);
     if (bias_TS) for (int j = 0; j < nk; ++j) s[j] += bias_TS[(long)t * dm.S + j];
     for (int j = nk; j < nk16; ++j) s[j] = -INFINITY;
-    if (fresh) {
+    if (!saved_lse) {
       v16 mv = splat(-INFINITY);
       for (int j = 0; j < nk16; j += 16) { v16 x = load(s + j); mv = x > mv ? x : mv; }
       float m = -INFINITY;
@@ -173,9 +174,9 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, float
       for (int c = 0; c < 16; ++c) l += sum[c];
       float inv = l > 0.f ? 1.f / l : 0.f;
       for (int j = 0; j < nk16; j += 16) store(p + j, load(p + j) * inv);
-      lse[t] = l > 0.f ? mf + std::log(l) : INFINITY;
+      lse_out[t] = l > 0.f ? mf + std::log(l) : INFINITY;
     } else {
-      float m = lse[t];
+      float m = saved_lse[t];
       for (int j = 0; j < nk16; j += 16) store(p + j, vexp(load(s + j) - m));
     }
     for (int j = nk16; j < w.Sp; ++j) p[j] = 0.f;
@@ -191,7 +192,7 @@ static void forward_head(Scratch& w, const Dims& dm, const float* q, const float
   gather_t(k, dm.S, dm.K, dm.H, kh, w.kt.data(), w.Sp);
   gather(v, dm.S, dm.K, dm.H, kh, 1.f, w.v.data(), w.Hp);
   scores_mm(w.q.data(), dm.H, w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
-  softmax_rows(w, dm, bias_TS, lse, true);
+  softmax_rows(w, dm, bias_TS, nullptr, lse);
   rows_mm_any(hc, w.p.data(), w.Sp, 1, w.v.data(), w.o.data(), dm.T, tri ? kLower : kAll, dm.S);
   scatter(w.o.data(), dm.T, dm.N, dm.H, n, 1.f, out, w.Hp, false);
 }
@@ -210,7 +211,7 @@ static void backward_head(Scratch& w, const Dims& dm, const float* q, const floa
   gather(dout, dm.T, dm.N, dm.H, n, 1.f, w.d.data(), w.Hp);
   gather(out, dm.T, dm.N, dm.H, n, 1.f, w.o.data(), w.Hp);
   scores_mm(w.q.data(), dm.H, w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
-  softmax_rows(w, dm, bias_TS, const_cast<float*>(lse), false);
+  softmax_rows(w, dm, bias_TS, lse, nullptr);
   scores_mm(w.d.data(), dm.H, w.Hp, w.vt.data(), w.Sp, w.s.data(), dm.T, tri);  // s := dP = dO V^T
   for (int t = 0; t < dm.T; ++t) {  // s := dS = P (dP - rowsum(dO O))
     float dd = 0.f;
@@ -231,17 +232,20 @@ static void backward_head(Scratch& w, const Dims& dm, const float* q, const floa
   scatter(o, dm.S, dm.K, dm.H, kh, 1.f, dv, w.Hp, add);
 }
 
-// Runs item(scratch, i) for i in [0, items) on the caller and the pool's threads; returns when
-// every item is done. A task the pool starts late finds no item left: it touches only its copies.
+// Runs head(scratch, b, n) for every batch row b and query head n, on the caller and the pool's
+// threads. One item is one batch row's query heads that share a key head, in order (so that dk and
+// dv are written by the group's first head before the others add to them). Returns when every item
+// is done; a task the pool starts late finds no item left and touches only its copies.
 template <typename F>
-static void parallel_items(ffi::ThreadPool& pool, const Dims& dm, int items, F item) {
+static void parallel_heads(ffi::ThreadPool& pool, const Dims& dm, F head) {
   struct State { std::atomic<int> next{0}, done{0}; };
   auto state = std::make_shared<State>();
-  auto work = [state, dm, items, item]() {  // dm by value: a late task may outlive the call
+  const int items = dm.B * dm.K, group = dm.N / dm.K;
+  auto work = [state, dm, items, group, head]() {  // dm by value: a late task may outlive the call
     std::optional<Scratch> w;
     for (int i; (i = state->next.fetch_add(1)) < items;) {
       if (!w) w.emplace(dm);
-      item(*w, i);
+      for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n) head(*w, i / dm.K, n);
       state->done.fetch_add(1, std::memory_order_release);
     }
   };
@@ -253,8 +257,6 @@ static void parallel_items(ffi::ThreadPool& pool, const Dims& dm, int items, F i
   while (state->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
 }
 
-// One item is one batch row's group of query heads that share a key head, in order (so that dk
-// and dv are written by the group's first head before the others add to them).
 static Dims dims_of(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> bias, float scale,
                     int32_t causal, int32_t has_bias) {
   auto qd = q.dimensions(), kd = k.dimensions(), bd = bias.dimensions();
@@ -275,13 +277,10 @@ static ffi::Error forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
                           int32_t has_bias, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
   const Dims dm = dims_of(q, k, bias, scale, causal, has_bias);
   const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H;
-  const int group = dm.N / dm.K;
-  parallel_items(pool, dm, dm.B * dm.K, [&](Scratch& w, int i) {
-    int b = i / dm.K;
-    for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n)
-      forward_head(w, dm, q.typed_data() + b * qs, k.typed_data() + b * ks, v.typed_data() + b * ks,
-                   bias_at(bias, has_bias, dm, b, n), n, out->typed_data() + b * qs,
-                   lse->typed_data() + ((long)b * dm.N + n) * dm.T);
+  parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
+    forward_head(w, dm, q.typed_data() + b * qs, k.typed_data() + b * ks, v.typed_data() + b * ks,
+                 bias_at(bias, has_bias, dm, b, n), n, out->typed_data() + b * qs,
+                 lse->typed_data() + ((long)b * dm.N + n) * dm.T);
   });
   return ffi::Error::Success();
 }
@@ -294,15 +293,12 @@ static ffi::Error backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
                            ffi::ResultBuffer<ffi::F32> dbias) {
   const Dims dm = dims_of(q, k, bias, scale, causal, has_bias);
   const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H, ts = (long)dm.T * dm.S;
-  const int group = dm.N / dm.K;
-  parallel_items(pool, dm, dm.B * dm.K, [&](Scratch& w, int i) {
-    int b = i / dm.K;
-    for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n)
-      backward_head(w, dm, q.typed_data() + b * qs, k.typed_data() + b * ks, v.typed_data() + b * ks,
-                    bias_at(bias, has_bias, dm, b, n), out.typed_data() + b * qs,
-                    lse.typed_data() + ((long)b * dm.N + n) * dm.T, dout.typed_data() + b * qs, n,
-                    dq->typed_data() + b * qs, dk->typed_data() + b * ks, dv->typed_data() + b * ks,
-                    bias_grad ? dbias->typed_data() + ((long)b * dm.N + n) * ts : nullptr);
+  parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
+    backward_head(w, dm, q.typed_data() + b * qs, k.typed_data() + b * ks, v.typed_data() + b * ks,
+                  bias_at(bias, has_bias, dm, b, n), out.typed_data() + b * qs,
+                  lse.typed_data() + ((long)b * dm.N + n) * dm.T, dout.typed_data() + b * qs, n,
+                  dq->typed_data() + b * qs, dk->typed_data() + b * ks, dv->typed_data() + b * ks,
+                  bias_grad ? dbias->typed_data() + ((long)b * dm.N + n) * ts : nullptr);
   });
   return ffi::Error::Success();
 }
