@@ -4,26 +4,10 @@
 // [B, N, T, S] scores never leave the cache and no heads-major copy of q, k or v is made. With
 // S == T and `causal`, only the lower triangle is computed. The backward pass recomputes the
 // weights from the saved log-sum-exp (as FlashAttention does).
-#include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <optional>
-#include <thread>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-static inline v16 load(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
-static inline void store(float* p, v16 v) { std::memcpy(p, &v, 64); }
-static inline v16 splat(float x) { return v16{} + x; }
-static inline int round16(int x) { return (x + 15) / 16 * 16; }
+#include "cpu_kernels.h"
 
 // exp(x) for x <= 0; x < -87 (and -inf) gives exactly 0. Cephes' expf polynomial.
 static inline v16 vexp(v16 x) {
@@ -232,29 +216,15 @@ static void backward_head(Scratch& w, const Dims& dm, const float* q, const floa
   scatter(o, dm.S, dm.K, dm.H, kh, 1.f, dv, w.Hp, add);
 }
 
-// Runs head(scratch, b, n) for every batch row b and query head n, on the caller and the pool's
-// threads. One item is one batch row's query heads that share a key head, in order (so that dk and
-// dv are written by the group's first head before the others add to them). Returns when every item
-// is done; a task the pool starts late finds no item left and touches only its copies.
+// Runs head(scratch, b, n) for every batch row b and query head n (parallel_for). One item is one
+// batch row's query heads that share a key head, in order (so that dk and dv are written by the
+// group's first head before the others add to them).
 template <typename F>
 static void parallel_heads(ffi::ThreadPool& pool, const Dims& dm, F head) {
-  struct State { std::atomic<int> next{0}, done{0}; };
-  auto state = std::make_shared<State>();
-  const int items = dm.B * dm.K, group = dm.N / dm.K;
-  auto work = [state, dm, items, group, head]() {  // dm by value: a late task may outlive the call
-    std::optional<Scratch> w;
-    for (int i; (i = state->next.fetch_add(1)) < items;) {
-      if (!w) w.emplace(dm);
-      for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n) head(*w, i / dm.K, n);
-      state->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  int helpers = std::min<int64_t>(pool.num_threads(), items) - 1;
-  for (int t = 0; t < helpers; ++t) pool.Schedule([state, items, work]() {
-    if (state->next.load() < items) work();
+  const int group = dm.N / dm.K;
+  parallel_for(pool, dm.B * dm.K, [dm]() { return Scratch(dm); }, [dm, group, head](Scratch& w, int i) {
+    for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n) head(w, i / dm.K, n);
   });
-  work();
-  while (state->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
 }
 
 static Dims dims_of(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> bias, float scale,

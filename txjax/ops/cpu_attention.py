@@ -10,97 +10,24 @@ backward pass from the saved log-sum-exp, as FlashAttention does. It computes in
 whatever the inputs' dtype, and returns the bias's gradient only when the bias is being
 differentiated (a T5, FIRE or KERPLE bias; not a mask).
 
-The source is compiled on first use with the system's C++ compiler (`$CXX`, else `g++`) for
-this CPU (`-march=native`) and kept in the cache folder (`$XDG_CACHE_HOME/txjax/kernels` or
-`~/.cache/txjax/kernels`), keyed by the source, the compiler, jaxlib and the CPU's flags.
-`available()` says whether that worked; `ExecutionConfig(attention_impl="cpu_fused")`
-chooses this path, and "auto" does on the CPU when it is available.
+The kernel is built with txjax's other CPU kernels (`txjax.ops.cpu_kernels`: on first use, with
+the system's C++ compiler); `available()` says whether that worked.
+`ExecutionConfig(attention_impl="cpu_fused")` chooses this path, and "auto" does on the CPU
+when it is available.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
 import math
-import os
-import platform
-import shlex
-import subprocess
-import tempfile
-import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-SOURCE = Path(__file__).with_name("cpu_attention.cc")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
-_TARGETS = {"forward": "TxjaxAttentionForward", "backward": "TxjaxAttentionBackward"}
+from txjax.ops.cpu_kernels import available, register
 
-
-def cache_dir() -> Path:
-    """Where built kernels are kept: `$XDG_CACHE_HOME/txjax/kernels`, else `~/.cache/txjax/kernels`."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "txjax" / "kernels"
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux), else its name: `-march=native` code is built per CPU."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-@functools.cache
-def build() -> Path:
-    """The compiled library, built now if this source, compiler, jaxlib and CPU have none yet.
-    Raises RuntimeError (with the compiler's message) when it cannot be built."""
-    compiler = shlex.split(os.environ.get("CXX", "g++"))
-    try:
-        version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise RuntimeError(f"cpu_fused attention needs a C++ compiler ($CXX or g++): {e}") from e
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(compiler + list(FLAGS)), version,
-                                    jax.lib.__version__, _cpu_flags()]).encode()).hexdigest()[:16]
-    path = cache_dir() / f"cpu_attention-{key}.so"
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        out = Path(tmp) / path.name
-        cmd = [*compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"cpu_fused attention: building {SOURCE.name} failed:\n{shlex.join(cmd)}\n"
-                               f"{done.stderr[-4000:]}")
-        os.replace(out, path)  # atomic: a concurrent build of the same key writes the same bytes
-    return path
-
-
-@functools.cache
-def _register() -> None:
-    library = ctypes.cdll.LoadLibrary(str(build()))
-    for name, symbol in _TARGETS.items():
-        jax.ffi.register_ffi_target(f"txjax_attention_{name}", jax.ffi.pycapsule(getattr(library, symbol)),
-                                    platform="cpu")
-
-
-@functools.cache
-def available() -> bool:
-    """Whether the kernel is built (or could be now) and registered with XLA; warns once if not."""
-    try:
-        _register()
-    except (RuntimeError, OSError) as e:
-        warnings.warn(f"txjax: the fused CPU attention is not available, attention_impl='auto' falls back to "
-                      f"'reference' (slower on the CPU): {e}", RuntimeWarning, stacklevel=2)
-        return False
-    return True
+__all__ = ["attention", "available"]
 
 
 def _call(name: str, results, *args, **attrs):
@@ -150,7 +77,7 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, bias: jax
     kernel skips them. The bias is taken as float32 [B|1, N|1, T, S]; q, k, v are computed in
     float32 and the output has v's dtype. Builds the kernel on first use (see `build`).
     """
-    _register()
+    register()
     b, t, n, h = q_BTNH.shape
     s = k_BSKH.shape[1]
     scale = 1.0 / math.sqrt(h) if scale is None else float(scale)

@@ -1,0 +1,98 @@
+"""txjax's CPU kernels: C++ sources in this folder, built on first use and called through XLA's FFI.
+
+- `cpu_attention.cc`: fused attention, forward and backward (`txjax.ops.cpu_attention`).
+
+They are compiled together with the system's C++ compiler (`$CXX`, else `g++`) for this CPU
+(`-march=native`) into one library kept in the cache folder (`$XDG_CACHE_HOME/txjax/kernels`
+or `~/.cache/txjax/kernels`), keyed by the sources, the compiler, jaxlib and the CPU's flags.
+`available()` says whether that worked; without a compiler txjax warns once and runs the
+XLA forms instead (the same values, slower on the CPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shlex
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import jax
+
+HERE = Path(__file__).parent
+SOURCES = (HERE / "cpu_attention.cc",)
+HEADERS = (HERE / "cpu_kernels.h",)
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+TARGETS = {"txjax_attention_forward": "TxjaxAttentionForward", "txjax_attention_backward": "TxjaxAttentionBackward"}
+"""FFI target name -> the handler's symbol in the library."""
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: `$XDG_CACHE_HOME/txjax/kernels`, else `~/.cache/txjax/kernels`."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "txjax" / "kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), else its name: `-march=native` code is built per CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def build() -> Path:
+    """The compiled library, built now if these sources, compiler, jaxlib and CPU have none yet.
+    Raises RuntimeError (with the compiler's message) when it cannot be built."""
+    compiler = shlex.split(os.environ.get("CXX", "g++"))
+    try:
+        version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise RuntimeError(f"txjax's CPU kernels need a C++ compiler ($CXX or g++): {e}") from e
+    texts = [p.read_text() for p in (*SOURCES, *HEADERS)]
+    key = hashlib.sha256("\n".join([*texts, " ".join(compiler + list(FLAGS)), version,
+                                    jax.lib.__version__, _cpu_flags()]).encode()).hexdigest()[:16]
+    path = cache_dir() / f"cpu_kernels-{key}.so"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        out = Path(tmp) / path.name
+        cmd = [*compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), *map(str, SOURCES), "-o", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"txjax's CPU kernels: building them failed:\n{shlex.join(cmd)}\n"
+                               f"{done.stderr[-4000:]}")
+        os.replace(out, path)  # atomic: a concurrent build of the same key writes the same bytes
+    return path
+
+
+@functools.cache
+def register() -> None:
+    """Builds the library if needed and registers its handlers with XLA (once)."""
+    library = ctypes.cdll.LoadLibrary(str(build()))
+    for target, symbol in TARGETS.items():
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernels are built (or could be now) and registered with XLA; warns once if not."""
+    try:
+        register()
+    except (RuntimeError, OSError) as e:
+        warnings.warn(f"txjax: the CPU kernels are not available; attention_impl='auto' falls back to "
+                      f"'reference' (the same values, slower on the CPU): {e}",
+                      RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
