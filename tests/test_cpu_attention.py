@@ -154,12 +154,16 @@ def test_auto_picks_the_kernel_on_the_cpu_only():
 
 def test_without_a_compiler_auto_falls_back_with_a_warning(tmp_path):
     """A fresh process whose $CXX does not exist and whose cache is empty: auto is the reference,
-    and the warning says why."""
-    code = ("import warnings, jax\nfrom txjax.config import ExecutionConfig\n"
+    the warning says why, and the weight gradients' transposes are identity dots (exact)."""
+    code = ("import warnings, jax, numpy as np\nfrom txjax.config import ExecutionConfig\n"
+            "from txjax.ops import xla_cpu\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
-            "    print(ExecutionConfig().attention('cpu'), any('C++ compiler' in str(x.message) for x in w))\n")
+            "    print(ExecutionConfig().attention('cpu'), any('C++ compiler' in str(x.message) for x in w))\n"
+            "x = np.random.default_rng(0).standard_normal((70, 9)).astype(np.float32)\n"
+            "hlo = jax.jit(xla_cpu.transposed).lower(x).compile().as_text()\n"
+            "print('custom-call' in hlo, (np.asarray(xla_cpu.transposed(x)) == x.T).all())\n")
     env = {"CXX": str(tmp_path / "no-such-compiler"), "XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
            "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert done.stdout.split() == ["reference", "True"], done.stderr[-2000:]
+    assert done.stdout.split() == ["reference", "True", "False", "True"], done.stderr[-2000:]

@@ -124,10 +124,13 @@ def test_dense_equals_nnx_linear_values_and_gradients(d_in, d_out, jit):
 
 def test_dense_kernel_gradient_numerically_and_in_the_fast_form():
     """Against central differences; and no dot in the compiled gradient contracts the token
-    axis as the rows of its left operand (the form XLA:CPU runs slowly)."""
+    axis as the rows of its left operand (the form XLA:CPU runs slowly): x^T is made by the CPU
+    kernel (`cpu_kernels.transpose`), or without it by an identity dot."""
     import re
 
     from jax.test_util import check_grads
+
+    from txjax.ops import cpu_kernels
 
     x, kernel, bias = (jax.random.normal(jax.random.key(i), s) for i, s in
                        enumerate([(3, 4, 5), (5, 7), (7,)]))
@@ -137,7 +140,10 @@ def test_dense_kernel_gradient_numerically_and_in_the_fast_form():
         grad = jax.jit(jax.grad(lambda x, k: jnp.sum(xla_cpu.dense(x, k) ** 2), (0, 1)))
         hlo = grad.lower(xk, k).compile().as_text()
         lhs_contracting = re.findall(r" dot\(.*lhs_contracting_dims=\{(\d+)\}", hlo)
-        assert len(lhs_contracting) == 4 and set(lhs_contracting) == {"1"}  # + the identity dot of `transposed`
+        kernel = cpu_kernels.available()
+        assert hlo.count('custom_call_target="txjax_transpose"') == kernel
+        # forward, input and weight gradients, + `transposed`'s identity dot without the kernel
+        assert len(lhs_contracting) == (3 if kernel else 4) and set(lhs_contracting) == {"1"}
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -1,6 +1,8 @@
 """txjax's CPU kernels: C++ sources in this folder, built on first use and called through XLA's FFI.
 
-- `cpu_attention.cc`: fused attention, forward and backward (`txjax.ops.cpu_attention`).
+- `cpu_attention.cc`: fused attention, forward and backward (`txjax.ops.cpu_attention`);
+- `cpu_transpose.cc`: a 2-D transpose whose operand XLA materializes first (`transpose` below,
+  used by `txjax.ops.xla_cpu.transposed` for the weight gradients' x^T).
 
 They are compiled together with the system's C++ compiler (`$CXX`, else `g++`) for this CPU
 (`-march=native`) into one library kept in the cache folder (`$XDG_CACHE_HOME/txjax/kernels`
@@ -23,12 +25,14 @@ import warnings
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_attention.cc",)
+SOURCES = (HERE / "cpu_attention.cc", HERE / "cpu_transpose.cc")
 HEADERS = (HERE / "cpu_kernels.h",)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
-TARGETS = {"txjax_attention_forward": "TxjaxAttentionForward", "txjax_attention_backward": "TxjaxAttentionBackward"}
+TARGETS = {"txjax_attention_forward": "TxjaxAttentionForward", "txjax_attention_backward": "TxjaxAttentionBackward",
+           "txjax_transpose": "TxjaxTranspose"}
 """FFI target name -> the handler's symbol in the library."""
 
 
@@ -91,8 +95,20 @@ def available() -> bool:
         register()
     except (RuntimeError, OSError) as e:
         warnings.warn(f"txjax: the CPU kernels are not available; attention_impl='auto' falls back to "
-                      f"'reference' (the same values, slower on the CPU): {e}",
-                      RuntimeWarning, stacklevel=2)
+                      f"'reference' and the weight gradients' transposes to identity dots (the same values, "
+                      f"slower on the CPU): {e}", RuntimeWarning, stacklevel=2)
         return False
     return True
 
+
+def transpose(x_KM: jax.Array) -> jax.Array:
+    """x^T, [M, K], for a 2-D x of 2- or 4-byte elements: a copy made by `cpu_transpose.cc`, of an
+    x that XLA materializes first. Builds the kernels on first use."""
+    register()
+    if x_KM.ndim != 2 or x_KM.dtype.itemsize not in (2, 4):
+        raise ValueError(f"transpose takes a 2-D array of 2- or 4-byte elements, got {x_KM.dtype}{list(x_KM.shape)}")
+    k, m = x_KM.shape
+    if k == 0 or m == 0:
+        return jnp.zeros((m, k), x_KM.dtype)
+    return jax.ffi.ffi_call("txjax_transpose", jax.ShapeDtypeStruct((m, k), x_KM.dtype),
+                            vmap_method="sequential")(x_KM)

@@ -8,8 +8,8 @@ everything here:
   (the token axis), which XLA:CPU gives to Eigen or runs after copying the wider operand
   transposed. The custom VJPs here (`matmul_nn`, `matmul_nt`, their weight-side gradient
   `matmul_tn`) transpose the *narrower* operand (x^T, or dy^T and then transpose the
-  small result) and never leave the rows contracted; a 2-D float32 one by an identity dot,
-  so that XLA cannot fuse a layer norm into the transposing loop (`transposed`).
+  small result) and never leave the rows contracted; a 2-D one by a CPU kernel (or an identity
+  dot), so that XLA cannot fuse a layer norm into the transposing loop (`transposed`).
 - A bfloat16 dot with a bfloat16 result is run as float32 x float32 (converted operands);
   only bfloat16 x bfloat16 -> float32 reaches the bfloat16 kernels (~2x the float32 rate on
   AVX512-BF16). So every dot here accumulates in float32 (`preferred_element_type`) and casts
@@ -30,7 +30,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from txjax.ops import attention, linear
+from txjax.ops import attention, cpu_kernels, linear
 
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 """The operand dtypes these forms are for."""
@@ -68,18 +68,21 @@ EYE_TRANSPOSE_MAX = 512
 def transposed(x_KM: jax.Array) -> jax.Array:
     """x^T, [..., M, K], for a weight gradient's narrower operand.
 
-    A 2-D float32 x at most `EYE_TRANSPOSE_MAX` wide is transposed by the dot I_M x^T, in
-    the [M, M] @ [K, M]^T form YNNPACK runs fast. As a copy (`swap_copy`), XLA fuses the
-    elementwise work that produced x into the transposing loop and redoes it there with
-    strided reads: a layer norm (QKV and FFN-in kernel gradients: 5-6 ms instead of 0.7 for
-    [6304, 128]), or the residual stream's gradient, the sum of every later layer's norm
-    backward (FFN-out at D = 384: up to 65 ms for one [384, 2048] copy, growing with depth).
-    A dot's operand is materialized, so that work is done once. Exact: each element is 1 * x
-    plus zeros (subnormals become 0, as in any XLA:CPU arithmetic; a non-finite x spreads
-    NaN along its column, where the gradient is not finite anyway). It costs 2 M^2 K flops,
-    at most the weight-gradient dot's own. Float32 bench step (BUILD.md): 3-6% faster at
-    D = 128, 26% at D = 384, even at 768. BFloat16 keeps the copy (even at D = 128, 4%
-    slower at 384), as do batched operands (attention's)."""
+    As a copy (`swap_copy`), XLA fuses the elementwise work that produced x into the
+    transposing loop and redoes it there with strided reads: a layer norm (QKV and FFN-in
+    kernel gradients: 5-6 ms instead of 0.7 for [6304, 128]), or the residual stream's
+    gradient, the sum of every later layer's norm backward (FFN-out at D = 384: up to 65 ms
+    for one [384, 2048] copy, growing with depth). So a 2-D x goes to an operation whose
+    operand XLA materializes, which does that work once:
+    - on the CPU with txjax's kernels built, `cpu_kernels.transpose`, a plain copy;
+    - else, for float32 at most `EYE_TRANSPOSE_MAX` wide, the dot I_M x^T, in the
+      [M, M] @ [K, M]^T form YNNPACK runs fast. Exact: each element is 1 * x plus zeros
+      (subnormals become 0, as in any XLA:CPU arithmetic; a non-finite x spreads NaN along its
+      column, where the gradient is not finite anyway). It costs 2 M^2 K flops, at most the
+      weight-gradient dot's own.
+    Batched operands (attention's) keep the copy. Measured in BUILD.md (issue 22)."""
+    if x_KM.ndim == 2 and x_KM.dtype in DTYPES and jax.default_backend() == "cpu" and cpu_kernels.available():
+        return cpu_kernels.transpose(x_KM)
     if x_KM.ndim != 2 or x_KM.dtype != jnp.float32 or x_KM.shape[-1] > EYE_TRANSPOSE_MAX:
         return swap_copy(x_KM)
     eye_MM = jnp.eye(x_KM.shape[-1], dtype=x_KM.dtype)
