@@ -75,7 +75,7 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, bias: jax
 
     `causal`: the caller promises the bias hides every key after its query (S == T), and the
     kernel skips them. The bias is taken as float32 [B|1, N|1, T, S]; q, k, v are computed in
-    float32 and the output has v's dtype. Builds the kernel on first use (see `build`).
+    float32 and the output has v's dtype. Builds the kernels on first use (`cpu_kernels.build`).
     """
     register()
     b, t, n, h = q_BTNH.shape

@@ -1,4 +1,4 @@
-// What txjax's CPU kernels (cpu_attention.cc, cpu_matmul.cc) share: 16-wide float vectors
+// What txjax's CPU kernels (cpu_attention.cc, cpu_transpose.cc) share: 16-wide float vectors
 // written with GCC/Clang vector extensions (no intrinsics: the compiler lowers them to the
 // CPU's own width), and a parallel loop over XLA's intra-op thread pool.
 #pragma once
