@@ -110,6 +110,42 @@ def test_bfloat16_inputs_compute_in_float32_and_return_bfloat16():
     np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=2**-8, atol=1e-6)  # one bfloat16 rounding
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(kv_heads):
+    """bfloat16 q, k, v go into the kernel as they are (K = N) and out comes bfloat16, rounded
+    to nearest even as XLA's convert rounds the float32 path's output: the same bits. Their
+    gradients come out of the kernel in bfloat16 too; the backward's rowsum(dO * O) reads the
+    rounded O (FlashAttention's choice), so they are held to the float32 gradient of the same
+    bfloat16 numbers within a bfloat16 step at the largest magnitude, as the float32 path's are.
+    Grouped queries (K < N) take the float32 path, their dk and dv summed over the group before
+    the one rounding."""
+    q, k, v, _ = _inputs(2, 11, 11, 4, kv_heads, 24)
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    bias = ops.mask_to_bias(ops.causal_mask(11))
+    w = jnp.cos(jnp.arange(2 * 11 * 4 * 24, dtype=jnp.float32)).reshape(2, 11, 4, 24)
+
+    def kernel(q, k, v):
+        return cpu_attention.attention(q, k, v, bias, causal=True)
+
+    def float32_path(q, k, v):
+        return cpu_attention.attention(*(x.astype(jnp.float32) for x in (q, k, v)), bias, causal=True).astype(q.dtype)
+
+    def exact(q, k, v):
+        return ops.dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), bias)
+
+    call = next(line for line in jax.jit(kernel).lower(q, k, v).as_text().splitlines() if "txjax_attention_forward" in line)
+    assert ("bf16" in call) == (kv_heads == 4)
+    np.testing.assert_array_equal(np.asarray(jax.jit(kernel)(q, k, v), np.float32),
+                                  np.asarray(jax.jit(float32_path)(q, k, v), np.float32))
+    got, f32, want = ([np.asarray(g, np.float32) for g in jax.jit(jax.grad(
+        lambda q, k, v: jnp.sum(w * f(q, k, v).astype(jnp.float32)), (0, 1, 2)))(q, k, v)]
+        for f in (kernel, float32_path, exact))
+    for g, f, e in zip(got, f32, want):
+        step = 2**-7 * np.abs(e).max()  # one bfloat16 step at the largest gradient (measured errors: 2^-8 to 2^-7)
+        np.testing.assert_allclose(g, e, rtol=0, atol=step)
+        np.testing.assert_allclose(f, e, rtol=0, atol=step)
+
+
 def test_vmap_runs_each_element():
     q, k, v, _ = _inputs(2, 7, 7, 2, 2, 8)
     batched = jax.vmap(lambda q, k, v: cpu_attention.attention(q, k, v))(q[:, None], k[:, None], v[:, None])

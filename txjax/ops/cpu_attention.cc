@@ -113,21 +113,43 @@ struct Scratch {
   }
 };
 
+// q, k, v, the output and their gradients are float32 or bfloat16 (its bits); the work is float32.
+struct bf16 { uint16_t bits; };
+static inline float to_f32(float x) { return x; }
+static inline float to_f32(bf16 x) {
+  uint32_t u = (uint32_t)x.bits << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// x rounded to T: to nearest, ties to even, NaN kept (as XLA's convert).
+template <typename T> static inline T from_f32(float x);
+template <> inline float from_f32<float>(float x) { return x; }
+template <> inline bf16 from_f32<bf16>(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40)};
+  return {(uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16)};
+}
+
 // Head `n` of x [rows, heads, H] into out [rows, Hp] (times mult), or transposed into [Hp, Sp].
-static void gather(const float* x, int rows, int heads, int H, int n, float mult, float* out, int Hp) {
+template <typename T>
+static void gather(const T* x, int rows, int heads, int H, int n, float mult, float* out, int Hp) {
   for (int t = 0; t < rows; ++t)
-    for (int h = 0; h < H; ++h) out[t * Hp + h] = x[((long)t * heads + n) * H + h] * mult;
+    for (int h = 0; h < H; ++h) out[t * Hp + h] = to_f32(x[((long)t * heads + n) * H + h]) * mult;
 }
-static void gather_t(const float* x, int rows, int heads, int H, int n, float* out, int Sp) {
+template <typename T>
+static void gather_t(const T* x, int rows, int heads, int H, int n, float* out, int Sp) {
   for (int t = 0; t < rows; ++t)
-    for (int h = 0; h < H; ++h) out[(long)h * Sp + t] = x[((long)t * heads + n) * H + h];
+    for (int h = 0; h < H; ++h) out[(long)h * Sp + t] = to_f32(x[((long)t * heads + n) * H + h]);
 }
-// in [rows, Hp] (times mult) into head n of x [rows, heads, H], written or added.
-static void scatter(const float* in, int rows, int heads, int H, int n, float mult, float* x, int Hp, bool add) {
+// in [rows, Hp] (times mult) into head n of x [rows, heads, H], written or added (in T).
+template <typename T>
+static void scatter(const float* in, int rows, int heads, int H, int n, float mult, T* x, int Hp, bool add) {
   for (int t = 0; t < rows; ++t)
     for (int h = 0; h < H; ++h) {
-      float& y = x[((long)t * heads + n) * H + h];
-      y = (add ? y : 0.f) + in[t * Hp + h] * mult;
+      T& y = x[((long)t * heads + n) * H + h];
+      y = from_f32<T>((add ? to_f32(y) : 0.f) + in[t * Hp + h] * mult);
     }
 }
 
@@ -168,8 +190,9 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const
 }
 
 // Query head n of one batch row: out [T, N, H] and lse [T] (its log-sum-exp per query).
-static void forward_head(Scratch& w, const Dims& dm, const float* q, const float* k, const float* v,
-                         const float* bias_TS, int n, float* out, float* lse) {
+template <typename T>
+static void forward_head(Scratch& w, const Dims& dm, const T* q, const T* k, const T* v, const float* bias_TS, int n,
+                         T* out, float* lse) {
   const int kh = n / (dm.N / dm.K), hc = w.Hp / 16;
   const bool tri = dm.causal && dm.S == dm.T;
   gather(q, dm.T, dm.N, dm.H, n, dm.scale, w.q.data(), w.Hp);
@@ -182,10 +205,12 @@ static void forward_head(Scratch& w, const Dims& dm, const float* q, const float
 }
 
 // Query head n of one batch row, backward: dq written; dk and dv (its key head's) written by the
-// group's first query head and added to by the others; dbias_TS (optional) gets dL/dscores [T, S].
-static void backward_head(Scratch& w, const Dims& dm, const float* q, const float* k, const float* v,
-                          const float* bias_TS, const float* out, const float* lse, const float* dout, int n,
-                          float* dq, float* dk, float* dv, float* dbias_TS) {
+// group's first query head and added to by the others (so, in bfloat16, rounded once per head: the
+// caller takes grouped queries in float32); dbias_TS (optional) gets dL/dscores [T, S].
+template <typename T>
+static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, const T* v, const float* bias_TS,
+                          const T* out, const float* lse, const T* dout, int n, T* dq, T* dk, T* dv,
+                          float* dbias_TS) {
   const int group = dm.N / dm.K, kh = n / group, hc = w.Hp / 16;
   const bool tri = dm.causal && dm.S == dm.T, add = n % group != 0;
   gather(q, dm.T, dm.N, dm.H, n, dm.scale, w.q.data(), w.Hp);
@@ -227,8 +252,8 @@ static void parallel_heads(ffi::ThreadPool& pool, const Dims& dm, F head) {
   });
 }
 
-static Dims dims_of(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> bias, float scale,
-                    int32_t causal, int32_t has_bias) {
+static Dims dims_of(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::Buffer<ffi::F32> bias, float scale, int32_t causal,
+                    int32_t has_bias) {
   auto qd = q.dimensions(), kd = k.dimensions(), bd = bias.dimensions();
   Dims dm{(int)qd[0], (int)qd[1], (int)kd[1], (int)qd[2], (int)kd[2], (int)qd[3], scale, causal != 0, 0, 0};
   if (has_bias) {
@@ -242,41 +267,55 @@ static const float* bias_at(ffi::Buffer<ffi::F32> bias, int32_t has_bias, const 
   return has_bias ? bias.typed_data() + b * dm.bias_b + n * dm.bias_n : nullptr;
 }
 
-static ffi::Error forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                          ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> bias, float scale, int32_t causal,
-                          int32_t has_bias, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
-  const Dims dm = dims_of(q, k, bias, scale, causal, has_bias);
-  const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H;
-  parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
-    forward_head(w, dm, q.typed_data() + b * qs, k.typed_data() + b * ks, v.typed_data() + b * ks,
-                 bias_at(bias, has_bias, dm, b, n), n, out->typed_data() + b * qs,
-                 lse->typed_data() + ((long)b * dm.N + n) * dm.T);
-  });
-  return ffi::Error::Success();
+template <typename T> static const T* in(ffi::AnyBuffer x) { return (const T*)x.untyped_data(); }
+template <typename T> static T* out_of(ffi::Result<ffi::AnyBuffer>& x) { return (T*)x->untyped_data(); }
+
+// Calls run(T{}) with T the C++ type of q's elements (float or bf16).
+template <typename Run>
+static ffi::Error by_dtype(ffi::AnyBuffer q, Run run) {
+  switch (q.element_type()) {
+    case ffi::DataType::F32: run(float{}); return ffi::Error::Success();
+    case ffi::DataType::BF16: run(bf16{}); return ffi::Error::Success();
+    default: return ffi::Error::InvalidArgument("txjax attention: q, k, v must be float32 or bfloat16");
+  }
 }
 
-static ffi::Error backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::F32> out,
-                           ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> dout, float scale, int32_t causal,
-                           int32_t has_bias, int32_t bias_grad, ffi::ResultBuffer<ffi::F32> dq,
-                           ffi::ResultBuffer<ffi::F32> dk, ffi::ResultBuffer<ffi::F32> dv,
-                           ffi::ResultBuffer<ffi::F32> dbias) {
+static ffi::Error forward(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                          ffi::Buffer<ffi::F32> bias, float scale, int32_t causal, int32_t has_bias,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::ResultBuffer<ffi::F32> lse) {
+  const Dims dm = dims_of(q, k, bias, scale, causal, has_bias);
+  const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H;
+  return by_dtype(q, [&](auto type) {
+    using T = decltype(type);
+    parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
+      forward_head(w, dm, in<T>(q) + b * qs, in<T>(k) + b * ks, in<T>(v) + b * ks, bias_at(bias, has_bias, dm, b, n),
+                   n, out_of<T>(out) + b * qs, lse->typed_data() + ((long)b * dm.N + n) * dm.T);
+    });
+  });
+}
+
+static ffi::Error backward(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::Buffer<ffi::F32> bias, ffi::AnyBuffer out, ffi::Buffer<ffi::F32> lse,
+                           ffi::AnyBuffer dout, float scale, int32_t causal, int32_t has_bias, int32_t bias_grad,
+                           ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                           ffi::Result<ffi::AnyBuffer> dv, ffi::ResultBuffer<ffi::F32> dbias) {
   const Dims dm = dims_of(q, k, bias, scale, causal, has_bias);
   const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H, ts = (long)dm.T * dm.S;
-  parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
-    backward_head(w, dm, q.typed_data() + b * qs, k.typed_data() + b * ks, v.typed_data() + b * ks,
-                  bias_at(bias, has_bias, dm, b, n), out.typed_data() + b * qs,
-                  lse.typed_data() + ((long)b * dm.N + n) * dm.T, dout.typed_data() + b * qs, n,
-                  dq->typed_data() + b * qs, dk->typed_data() + b * ks, dv->typed_data() + b * ks,
-                  bias_grad ? dbias->typed_data() + ((long)b * dm.N + n) * ts : nullptr);
+  return by_dtype(q, [&](auto type) {
+    using T = decltype(type);
+    parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
+      backward_head(w, dm, in<T>(q) + b * qs, in<T>(k) + b * ks, in<T>(v) + b * ks, bias_at(bias, has_bias, dm, b, n),
+                    in<T>(out) + b * qs, lse.typed_data() + ((long)b * dm.N + n) * dm.T, in<T>(dout) + b * qs, n,
+                    out_of<T>(dq) + b * qs, out_of<T>(dk) + b * ks, out_of<T>(dv) + b * ks,
+                    bias_grad ? dbias->typed_data() + ((long)b * dm.N + n) * ts : nullptr);
+    });
   });
-  return ffi::Error::Success();
 }
 
 // q, k, v and the bias: the arguments both handlers start with.
 static auto bind_inputs() {
-  using F32 = ffi::Buffer<ffi::F32>;
-  return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<F32>().Arg<F32>().Arg<F32>().Arg<F32>();
+  using Any = ffi::AnyBuffer;
+  return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<Any>().Arg<Any>().Arg<Any>().Arg<ffi::Buffer<ffi::F32>>();
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TxjaxAttentionForward, forward,
@@ -284,19 +323,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TxjaxAttentionForward, forward,
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("causal")
                                   .Attr<int32_t>("has_bias")
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // out
+                                  .Ret<ffi::AnyBuffer>()          // out
                                   .Ret<ffi::Buffer<ffi::F32>>());  // lse
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TxjaxAttentionBackward, backward,
                               bind_inputs()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // out
+                                  .Arg<ffi::AnyBuffer>()         // out
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // dout
+                                  .Arg<ffi::AnyBuffer>()         // dout
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("causal")
                                   .Attr<int32_t>("has_bias")
                                   .Attr<int32_t>("bias_grad")
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dq
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dk
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dv
+                                  .Ret<ffi::AnyBuffer>()          // dq
+                                  .Ret<ffi::AnyBuffer>()          // dk
+                                  .Ret<ffi::AnyBuffer>()          // dv
                                   .Ret<ffi::Buffer<ffi::F32>>());  // dbias

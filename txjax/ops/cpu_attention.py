@@ -37,7 +37,7 @@ def _call(name: str, results, *args, **attrs):
 
 def _forward(q, k, v, bias, scale, causal, has_bias):
     b, t, n, _ = q.shape
-    results = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((b, n, t), jnp.float32))
+    results = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, t), jnp.float32))
     return _call("forward", results, q, k, v, bias, scale=scale, causal=causal, has_bias=has_bias)
 
 
@@ -56,7 +56,8 @@ def _attention_bwd(scale, causal, has_bias, res, d_out):
     q, k, v, bias, out, lse, bias_grad = res
     b, t, n, _ = q.shape
     dbias_shape = (b, n, t, k.shape[1]) if bias_grad else (1, 1, 1, 1)
-    results = tuple(jax.ShapeDtypeStruct(s, jnp.float32) for s in (q.shape, k.shape, v.shape, dbias_shape))
+    results = tuple(jax.ShapeDtypeStruct(s, d) for s, d in ((q.shape, q.dtype), (k.shape, q.dtype), (v.shape, q.dtype),
+                                                           (dbias_shape, jnp.float32)))
     if isinstance(d_out, jax.custom_derivatives.SymbolicZero):
         d_out = jnp.zeros_like(out)
     dq, dk, dv, dbias = _call("backward", results, q, k, v, bias, out, lse, d_out, scale=scale, causal=causal,
@@ -75,7 +76,10 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, bias: jax
 
     `causal`: the caller promises the bias hides every key after its query (S == T), and the
     kernel skips them. The bias is taken as float32 [B|1, N|1, T, S]; q, k, v are computed in
-    float32 and the output has v's dtype. Builds the kernels on first use (`cpu_kernels.build`).
+    float32 and the output has v's dtype. bfloat16 q, k and v are read and their output and
+    gradients written in bfloat16 by the kernel itself (rounded once, as XLA's converts would),
+    except with grouped queries, whose key gradients sum over the group in float32. Builds the
+    kernels on first use (`cpu_kernels.build`).
     """
     register()
     b, t, n, h = q_BTNH.shape
@@ -83,7 +87,8 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, bias: jax
     scale = 1.0 / math.sqrt(h) if scale is None else float(scale)
     if t == 0 or s == 0:
         return jnp.zeros((b, t, n, h), v_BSKH.dtype)
-    q, k, v = (x.astype(jnp.float32) for x in (q_BTNH, k_BSKH, v_BSKH))
+    bf16 = {x.dtype for x in (q_BTNH, k_BSKH, v_BSKH)} == {jnp.dtype(jnp.bfloat16)} and k_BSKH.shape[2] == n
+    q, k, v = (x.astype(jnp.bfloat16 if bf16 else jnp.float32) for x in (q_BTNH, k_BSKH, v_BSKH))
     has_bias = bias is not None
     if has_bias:
         bias = jnp.asarray(bias, jnp.float32)
