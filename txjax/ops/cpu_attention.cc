@@ -1,9 +1,10 @@
-// Fused scaled dot-product attention for the CPU, float32: txjax.ops.cpu_attention builds this
-// file on first use and registers its two XLA FFI handlers. One work item is one (batch, key
-// head) pair: its query heads' scores, softmax and products run in per-thread scratch, so the
-// [B, N, T, S] scores never leave the cache and no heads-major copy of q, k or v is made. With
-// S == T and `causal`, only the lower triangle is computed. The backward pass recomputes the
-// weights from the saved log-sum-exp (as FlashAttention does).
+// Fused scaled dot-product attention for the CPU, computed in float32 (q, k, v, the output and
+// their gradients read and written as float32 or bfloat16): txjax.ops.cpu_kernels builds this file
+// on first use and registers its two XLA FFI handlers. One work item is one (batch, key head) pair:
+// its query heads' scores, softmax and products run in per-thread scratch, so the [B, N, T, S]
+// scores never leave the cache and no heads-major copy of q, k or v is made. With S == T and
+// `causal`, only the lower triangle is computed. The backward pass recomputes the weights from the
+// saved log-sum-exp (as FlashAttention does).
 #include <cmath>
 #include <vector>
 
