@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "txjax"
 
 # A module may import its own package and those of a lower rank (DESIGN.md's picture).
-RANK = {"": 4, "argtypes": 0, "hostmem": 0, "ops": 0, "config": 1, "nn": 2, "cost": 2, "models": 3, "data": 3,
+RANK = {"": 4, "argtypes": 0, "hostmem": 0, "paths": 0, "ops": 0, "config": 1, "nn": 2, "cost": 2, "models": 3, "data": 3,
         "decoding": 4, "beam": 4, "scoring": 4, "hf": 4, "train": 5, "tasks": 6, "bench": 6, "studies": 7}
 
 

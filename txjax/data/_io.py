@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from txjax import paths
+
 __all__ = [
     "DATA_ENV",
     "cache_dir",
@@ -42,9 +44,7 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """
     if override is not None:
         return Path(override).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "txjax"
+    return paths.cache_dir()
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

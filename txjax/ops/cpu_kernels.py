@@ -27,6 +27,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from txjax import paths
+
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu_attention.cc", HERE / "cpu_transpose.cc")
 HEADERS = (HERE / "cpu_kernels.h",)
@@ -37,9 +39,8 @@ TARGETS = {"txjax_attention_forward": "TxjaxAttentionForward", "txjax_attention_
 
 
 def cache_dir() -> Path:
-    """Where built kernels are kept: `$XDG_CACHE_HOME/txjax/kernels`, else `~/.cache/txjax/kernels`."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "txjax" / "kernels"
+    """Where built kernels are kept: `kernels` in txjax's cache folder (`txjax.paths.cache_dir`)."""
+    return paths.cache_dir() / "kernels"
 
 
 def _cpu_flags() -> str:
