@@ -15,9 +15,9 @@ from hypothesis import given, settings
 
 from txjax import GPT, T5, Bert, BertConfig, GPTConfig, T5Config, ops
 from txjax.config import ExecutionConfig
-from txjax.ops import cpu_attention
+from txjax.ops import cpu_attention, cpu_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason="no C++ compiler to build the kernel")
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler to build the kernel")
 
 
 def _inputs(b, t, s, n, k, h, seed=0):

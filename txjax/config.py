@@ -14,7 +14,7 @@ import dataclasses
 import math
 from typing import ClassVar
 
-from txjax.ops import cpu_attention
+from txjax.ops import cpu_kernels
 from txjax.ops.activations import ACTIVATIONS
 from txjax.ops.attention import IMPLEMENTATIONS
 from txjax.ops.positions import KERPLE_VARIANTS, ROPE_SCALINGS
@@ -60,7 +60,7 @@ def check_vocab_id(config, name: str, value: int | None) -> None:
 class ExecutionConfig:
     """How a model runs: none of these change what it computes, only the order of float sums."""
 
-    attention_impl: str = "auto"  # "reference" (txjax.ops), "xla" or "cudnn" (jax.nn.dot_product_attention; cudnn: NVIDIA GPU only), "cpu_fused" (txjax.ops.cpu_attention), or "auto": cpu_fused on the CPU where its kernel builds, else reference
+    attention_impl: str = "auto"  # "reference" (txjax.ops), "xla" or "cudnn" (jax.nn.dot_product_attention; cudnn: NVIDIA GPU only), "cpu_fused" (txjax.ops.cpu_attention), or "auto": cpu_fused on the CPU where its kernel builds (txjax.ops.cpu_kernels), else reference
     causal_block_size: int | None = 64  # causal self-attention in query blocks of ~this size that skip the masked keys above the diagonal; None: one block (cudnn: never blocked, its kernel skips them itself)
     remat: bool = False  # recompute each block's activations in the backward pass (gradient checkpointing)
     grad_forms: str = "auto"  # float32 and bfloat16 matmuls: "xla_cpu" (txjax.ops.xla_cpu, the forms fast on XLA:CPU), "autodiff" (the plain ops), or "auto": xla_cpu when JAX's default backend is the CPU
@@ -76,7 +76,7 @@ class ExecutionConfig:
         """The attention implementation on `backend` (jax.default_backend()), "auto" resolved."""
         if self.attention_impl != "auto":
             return self.attention_impl
-        return "cpu_fused" if backend == "cpu" and cpu_attention.available() else "reference"
+        return "cpu_fused" if backend == "cpu" and cpu_kernels.available() else "reference"
 
     def xla_cpu_grads(self, backend: str) -> bool:
         """Whether to use txjax.ops.xla_cpu's forms on `backend` (jax.default_backend())."""

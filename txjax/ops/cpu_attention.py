@@ -11,7 +11,7 @@ whatever the inputs' dtype, and returns the bias's gradient only when the bias i
 differentiated (a T5, FIRE or KERPLE bias; not a mask).
 
 The kernel is built with txjax's other CPU kernels (`txjax.ops.cpu_kernels`: on first use, with
-the system's C++ compiler); `available()` says whether that worked.
+the system's C++ compiler); `cpu_kernels.available()` says whether that worked.
 `ExecutionConfig(attention_impl="cpu_fused")` chooses this path, and "auto" does on the CPU
 when it is available.
 """
@@ -25,9 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txjax.ops.cpu_kernels import available, register
-
-__all__ = ["attention", "available"]
+from txjax.ops.cpu_kernels import register
 
 
 def _call(name: str, results, *args, **attrs):
