@@ -69,26 +69,37 @@ static void rows_mm_any(int hc, const float* A, long ai, long ak, const float* B
   }
 }
 
-// S[i, j] = sum_{h < H} X[i, h] Yt[h, j] (X's rows Hp apart) for j below 16*ceil((i0+4)/16)
-// (causal) or all Sp columns.
-static void scores_mm(const float* X, int H, int Hp, const float* Yt, int Sp, float* S, int T, bool causal) {
-  for (int i0 = 0; i0 < T; i0 += 4) {
-    int jend = causal ? std::min(Sp, round16(i0 + 4)) : Sp;
-    for (int j = 0; j < jend; j += 32) {
-      bool two = j + 16 < jend;
-      v16 acc[4][2];
-      for (int a = 0; a < 4; ++a) acc[a][0] = acc[a][1] = splat(0.f);
-      for (int h = 0; h < H; ++h) {
-        v16 b0 = load(Yt + (long)h * Sp + j), b1 = two ? load(Yt + (long)h * Sp + j + 16) : splat(0.f);
-        for (int a = 0; a < 4; ++a) {
-          v16 x = splat(X[(i0 + a) * Hp + h]);
-          acc[a][0] += x * b0;
-          acc[a][1] += x * b1;
-        }
-      }
-      for (int a = 0; a < 4 && i0 + a < T; ++a) {
-        store(S + (long)(i0 + a) * Sp + j, acc[a][0]);
-        if (two) store(S + (long)(i0 + a) * Sp + j + 16, acc[a][1]);
+// S[i, j] = sum_{h < H} X[i, h] Yt[h, j] (X's rows Hp apart) for rows [i0, i0 + 4) and the 16*NV
+// columns from j, in order of h (so the blocking leaves every sum's rounding as it is).
+template <int NV>
+static void scores_block(const float* X, int H, int Hp, const float* Yt, long ld, float* S, int T, int i0, int j) {
+  v16 acc[4][NV];
+  for (int a = 0; a < 4; ++a) for (int c = 0; c < NV; ++c) acc[a][c] = splat(0.f);
+  for (int h = 0; h < H; ++h) {
+    v16 b[NV];
+    for (int c = 0; c < NV; ++c) b[c] = load(Yt + h * ld + j + 16 * c);
+    for (int a = 0; a < 4; ++a) {
+      v16 x = splat(X[(i0 + a) * Hp + h]);
+      for (int c = 0; c < NV; ++c) acc[a][c] += x * b[c];
+    }
+  }
+  for (int a = 0; a < 4 && i0 + a < T; ++a)
+    for (int c = 0; c < NV; ++c) store(S + (i0 + a) * ld + j + 16 * c, acc[a][c]);
+}
+
+// S = X Yt (Yt's and S's rows ld apart) for every row, on the columns below 16*ceil((i0+4)/16)
+// (causal) or all Sp of them.
+// Column blocks outside, so that Yt's [H, 64] slab stays in L1 while X's rows stream past.
+static void scores_mm(const float* X, int H, int Hp, const float* Yt, long ld, int Sp, float* S, int T, bool causal) {
+  for (int j = 0; j < Sp; j += 64) {
+    for (int i0 = causal ? std::max(0, (j - 3) / 4 * 4) : 0; i0 < T; i0 += 4) {
+      int jend = causal ? std::min(Sp, round16(i0 + 4)) : Sp;
+      if (jend <= j) continue;
+      switch (std::min(4, (jend - j) / 16)) {
+        case 1: scores_block<1>(X, H, Hp, Yt, ld, S, T, i0, j); break;
+        case 2: scores_block<2>(X, H, Hp, Yt, ld, S, T, i0, j); break;
+        case 3: scores_block<3>(X, H, Hp, Yt, ld, S, T, i0, j); break;
+        default: scores_block<4>(X, H, Hp, Yt, ld, S, T, i0, j);
       }
     }
   }
@@ -105,12 +116,15 @@ struct Dims {
 
 struct Scratch {
   int Hp, Sp;
-  std::vector<float> q, k, kt, v, vt, o, d, s, p;
-  explicit Scratch(const Dims& dm) : Hp(round16(dm.H)), Sp(round16(dm.S)) {
+  long ld;  // the row stride of kt, vt, s and p: Sp, padded off multiples of 64 (256 bytes), whose
+            // rows would all map to the same few L1 sets
+  std::vector<float> q, k, kt, v, vt, o, d, s, p, m;
+  explicit Scratch(const Dims& dm) : Hp(round16(dm.H)), Sp(round16(dm.S)), ld(Sp % 64 ? Sp : Sp + 16) {
     long rows = round16(std::max(dm.T, dm.S)) + 16;
     for (auto* x : {&q, &k, &v, &o, &d}) x->assign(rows * Hp + 64, 0.f);
-    for (auto* x : {&kt, &vt}) x->assign((long)Hp * Sp + 64, 0.f);
-    for (auto* x : {&s, &p}) x->assign((round16(dm.T) + 16) * (long)Sp + 64, 0.f);
+    for (auto* x : {&kt, &vt}) x->assign(Hp * ld + 64, 0.f);
+    for (auto* x : {&s, &p}) x->assign((round16(dm.T) + 16) * ld + 64, 0.f);
+    m.assign(dm.T, 0.f);
   }
 };
 
@@ -133,16 +147,21 @@ template <> inline bf16 from_f32<bf16>(float x) {
   return {(uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16)};
 }
 
-// Head `n` of x [rows, heads, H] into out [rows, Hp] (times mult), or transposed into [Hp, Sp].
+// Head `n` of x [rows, heads, H] into out [rows, Hp] (times mult), or transposed into [Hp, ld].
 template <typename T>
 static void gather(const T* x, int rows, int heads, int H, int n, float mult, float* out, int Hp) {
   for (int t = 0; t < rows; ++t)
     for (int h = 0; h < H; ++h) out[t * Hp + h] = to_f32(x[((long)t * heads + n) * H + h]) * mult;
 }
+// 16 rows at a time, so that each store fills a cache line of out (one per h) while the 16 rows
+// read stay in L1: row by row, every store would touch a different line.
 template <typename T>
-static void gather_t(const T* x, int rows, int heads, int H, int n, float* out, int Sp) {
-  for (int t = 0; t < rows; ++t)
-    for (int h = 0; h < H; ++h) out[(long)h * Sp + t] = to_f32(x[((long)t * heads + n) * H + h]);
+static void gather_t(const T* x, int rows, int heads, int H, int n, float* out, long ld) {
+  for (int t0 = 0; t0 < rows; t0 += 16) {
+    int r = std::min(16, rows - t0);
+    for (int h = 0; h < H; ++h)
+      for (int t = t0; t < t0 + r; ++t) out[h * ld + t] = to_f32(x[((long)t * heads + n) * H + h]);
+  }
 }
 // in [rows, Hp] (times mult) into head n of x [rows, heads, H], written or added (in T).
 template <typename T>
@@ -161,32 +180,41 @@ static inline int row_keys(const Dims& dm, int t) {
 
 // P[t, :] = exp(S[t, :] + bias - lse[t]) on the row's visible keys, 0 elsewhere up to Sp, from the
 // forward pass's saved_lse; without it, computes the softmax and writes lse_out (the log-sum-exp,
-// +inf for a row with no visible key).
+// +inf for a row with no visible key). Each pass runs over every row before the next starts: a row
+// alone is one chain of dependent steps (maximum, sum, scale), which the rows run side by side.
 static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const float* saved_lse, float* lse_out) {
+  float* m = w.m.data();  // each row's maximum, then (without saved_lse) 1 / its sum
   for (int t = 0; t < dm.T; ++t) {
-    float* s = w.s.data() + (long)t * w.Sp;
-    float* p = w.p.data() + (long)t * w.Sp;
+    float* s = w.s.data() + t * w.ld;
     int nk = row_keys(dm, t), nk16 = round16(nk);
     if (bias_TS) for (int j = 0; j < nk; ++j) s[j] += bias_TS[(long)t * dm.S + j];
     for (int j = nk; j < nk16; ++j) s[j] = -INFINITY;
-    if (!saved_lse) {
-      v16 mv = splat(-INFINITY);
-      for (int j = 0; j < nk16; j += 16) { v16 x = load(s + j); mv = x > mv ? x : mv; }
-      float m = -INFINITY;
-      for (int c = 0; c < 16; ++c) m = std::max(m, mv[c]);
-      float mf = std::isfinite(m) ? m : 0.f;
-      v16 sum = splat(0.f);
-      for (int j = 0; j < nk16; j += 16) { v16 e = vexp(load(s + j) - mf); store(p + j, e); sum += e; }
-      float l = 0.f;
-      for (int c = 0; c < 16; ++c) l += sum[c];
-      float inv = l > 0.f ? 1.f / l : 0.f;
-      for (int j = 0; j < nk16; j += 16) store(p + j, load(p + j) * inv);
-      lse_out[t] = l > 0.f ? mf + std::log(l) : INFINITY;
-    } else {
-      float m = saved_lse[t];
-      for (int j = 0; j < nk16; j += 16) store(p + j, vexp(load(s + j) - m));
+    if (saved_lse) {
+      m[t] = saved_lse[t];
+      continue;
     }
+    v16 mv = splat(-INFINITY);
+    for (int j = 0; j < nk16; j += 16) { v16 x = load(s + j); mv = x > mv ? x : mv; }
+    float mt = hmax(mv);
+    m[t] = std::isfinite(mt) ? mt : 0.f;
+  }
+  for (int t = 0; t < dm.T; ++t) {
+    const float* s = w.s.data() + t * w.ld;
+    float* p = w.p.data() + t * w.ld;
+    int nk16 = round16(row_keys(dm, t));
+    v16 sum = splat(0.f);
+    for (int j = 0; j < nk16; j += 16) { v16 e = vexp(load(s + j) - m[t]); store(p + j, e); sum += e; }
     for (int j = nk16; j < w.Sp; ++j) p[j] = 0.f;
+    if (saved_lse) continue;
+    float l = hsum(sum);
+    lse_out[t] = l > 0.f ? m[t] + std::log(l) : INFINITY;
+    m[t] = l > 0.f ? 1.f / l : 0.f;
+  }
+  if (saved_lse) return;
+  for (int t = 0; t < dm.T; ++t) {
+    float* p = w.p.data() + t * w.ld;
+    int nk16 = round16(row_keys(dm, t));
+    for (int j = 0; j < nk16; j += 16) store(p + j, load(p + j) * m[t]);
   }
 }
 
@@ -197,11 +225,11 @@ static void forward_head(Scratch& w, const Dims& dm, const T* q, const T* k, con
   const int kh = n / (dm.N / dm.K), hc = w.Hp / 16;
   const bool tri = dm.causal && dm.S == dm.T;
   gather(q, dm.T, dm.N, dm.H, n, dm.scale, w.q.data(), w.Hp);
-  gather_t(k, dm.S, dm.K, dm.H, kh, w.kt.data(), w.Sp);
+  gather_t(k, dm.S, dm.K, dm.H, kh, w.kt.data(), w.ld);
   gather(v, dm.S, dm.K, dm.H, kh, 1.f, w.v.data(), w.Hp);
-  scores_mm(w.q.data(), dm.H, w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
+  scores_mm(w.q.data(), dm.H, w.Hp, w.kt.data(), w.ld, w.Sp, w.s.data(), dm.T, tri);
   softmax_rows(w, dm, bias_TS, nullptr, lse);
-  rows_mm_any(hc, w.p.data(), w.Sp, 1, w.v.data(), w.o.data(), dm.T, tri ? kLower : kAll, dm.S);
+  rows_mm_any(hc, w.p.data(), w.ld, 1, w.v.data(), w.o.data(), dm.T, tri ? kLower : kAll, dm.S);
   scatter(w.o.data(), dm.T, dm.N, dm.H, n, 1.f, out, w.Hp, false);
 }
 
@@ -215,30 +243,30 @@ static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, co
   const int group = dm.N / dm.K, kh = n / group, hc = w.Hp / 16;
   const bool tri = dm.causal && dm.S == dm.T, add = n % group != 0;
   gather(q, dm.T, dm.N, dm.H, n, dm.scale, w.q.data(), w.Hp);
-  gather_t(k, dm.S, dm.K, dm.H, kh, w.kt.data(), w.Sp);
+  gather_t(k, dm.S, dm.K, dm.H, kh, w.kt.data(), w.ld);
   gather(k, dm.S, dm.K, dm.H, kh, 1.f, w.k.data(), w.Hp);
-  gather_t(v, dm.S, dm.K, dm.H, kh, w.vt.data(), w.Sp);
+  gather_t(v, dm.S, dm.K, dm.H, kh, w.vt.data(), w.ld);
   gather(dout, dm.T, dm.N, dm.H, n, 1.f, w.d.data(), w.Hp);
   gather(out, dm.T, dm.N, dm.H, n, 1.f, w.o.data(), w.Hp);
-  scores_mm(w.q.data(), dm.H, w.Hp, w.kt.data(), w.Sp, w.s.data(), dm.T, tri);
+  scores_mm(w.q.data(), dm.H, w.Hp, w.kt.data(), w.ld, w.Sp, w.s.data(), dm.T, tri);
   softmax_rows(w, dm, bias_TS, lse, nullptr);
-  scores_mm(w.d.data(), dm.H, w.Hp, w.vt.data(), w.Sp, w.s.data(), dm.T, tri);  // s := dP = dO V^T
+  scores_mm(w.d.data(), dm.H, w.Hp, w.vt.data(), w.ld, w.Sp, w.s.data(), dm.T, tri);  // s := dP = dO V^T
   for (int t = 0; t < dm.T; ++t) {  // s := dS = P (dP - rowsum(dO O))
     float dd = 0.f;
     for (int h = 0; h < dm.H; ++h) dd += w.d[t * w.Hp + h] * w.o[t * w.Hp + h];
-    float* s = w.s.data() + (long)t * w.Sp;
-    const float* p = w.p.data() + (long)t * w.Sp;
+    float* s = w.s.data() + t * w.ld;
+    const float* p = w.p.data() + t * w.ld;
     int nk16 = round16(row_keys(dm, t));
     for (int j = 0; j < nk16; j += 16) store(s + j, load(p + j) * (load(s + j) - dd));
     for (int j = nk16; j < w.Sp; ++j) s[j] = 0.f;
     if (dbias_TS) std::memcpy(dbias_TS + (long)t * dm.S, s, sizeof(float) * dm.S);
   }
   float* o = w.o.data();  // dq, then dk, then dv
-  rows_mm_any(hc, w.s.data(), w.Sp, 1, w.k.data(), o, dm.T, tri ? kLower : kAll, dm.S);
+  rows_mm_any(hc, w.s.data(), w.ld, 1, w.k.data(), o, dm.T, tri ? kLower : kAll, dm.S);
   scatter(o, dm.T, dm.N, dm.H, n, dm.scale, dq, w.Hp, false);
-  rows_mm_any(hc, w.s.data(), 1, w.Sp, w.q.data(), o, dm.S, tri ? kUpper : kAll, dm.T);
+  rows_mm_any(hc, w.s.data(), 1, w.ld, w.q.data(), o, dm.S, tri ? kUpper : kAll, dm.T);
   scatter(o, dm.S, dm.K, dm.H, kh, 1.f, dk, w.Hp, add);
-  rows_mm_any(hc, w.p.data(), 1, w.Sp, w.d.data(), o, dm.S, tri ? kUpper : kAll, dm.T);
+  rows_mm_any(hc, w.p.data(), 1, w.ld, w.d.data(), o, dm.S, tri ? kUpper : kAll, dm.T);
   scatter(o, dm.S, dm.K, dm.H, kh, 1.f, dv, w.Hp, add);
 }
 

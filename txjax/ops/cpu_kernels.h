@@ -23,6 +23,28 @@ static inline void store(float* p, v16 v) { std::memcpy(p, &v, 64); }
 static inline v16 splat(float x) { return v16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 static inline int round16(int x) { return (x + 15) / 16 * 16; }
 
+// The sum and the maximum of a vector's lanes, as a tree of halves (the compiler's lane extracts):
+// four dependent steps instead of fifteen.
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+template <typename Half, typename V, typename F>
+static inline Half fold(V v, F f) {
+  Half lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, (const char*)&v + sizeof lo, sizeof hi);
+  return f(lo, hi);
+}
+static inline float hsum(v16 v) {
+  auto add = [](auto a, auto b) { return a + b; };
+  v4 x = fold<v4>(fold<v8>(v, add), add);
+  return (x[0] + x[2]) + (x[1] + x[3]);
+}
+static inline float hmax(v16 v) {
+  auto max = [](auto a, auto b) { return a > b ? a : b; };
+  v4 x = fold<v4>(fold<v8>(v, max), max);
+  return std::max(std::max(x[0], x[2]), std::max(x[1], x[3]));
+}
+
 // Calls work(state, i) for every i in [0, items) on the caller and the pool's threads, each thread
 // with its own state, made by make() before its first item. Items are taken in order. Returns when
 // every item is done; a task the pool starts late finds no item left and touches only its copies.
