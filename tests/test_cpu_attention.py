@@ -65,7 +65,7 @@ def _check(b, t, s, n, k, h, kind, jit, causal_flag, atol=2e-5):
 @pytest.mark.parametrize("b,t,n,h", [(2, 197, 4, 32), (3, 9, 2, 8), (2, 40, 3, 80), (1, 17, 1, 100), (1, 128, 2, 64)])
 def test_matches_reference_causal(b, t, n, h, jit):
     """The bench config's attention (T 197, H 32), head widths that are not a multiple of 16, and
-    T 128, whose score rows the kernel pads off 512 bytes apart."""
+    T 128, whose score rows (512 bytes) the kernel lays out 576 bytes apart."""
     _check(b, t, t, n, n, h, "causal", jit=jit, causal_flag=True)
 
 
