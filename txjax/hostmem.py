@@ -6,7 +6,8 @@ with a fresh mmap (on a worker thread it has no choice: a thread arena cannot gr
 past 64 MB), so every step page-faults and zeroes the whole buffer again — 28% of
 that step's CPU time was spent in the kernel doing so. With one malloc arena that
 never mmaps and never trims, the freed buffer stays mapped and the next run gets the
-same pages back: the step took 0.80 of the time (589 vs 736 ms, median of 5 runs each,
+same pages back (most of the time: while the heap settles in the first steps, one now and then
+still faults it in again): the step took 0.80 of the time (589 vs 736 ms, median of 5 runs each,
 2 cores), at the price of compiling ~9% slower (XLA's compiler threads share the arena).
 
 Nothing calls it at import: the entry points that train or time steps do, first thing
