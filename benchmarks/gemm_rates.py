@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
+
+from _run import run_json  # benchmarks/_run.py
 
 # [m, k] @ [k, n]: the larger config's (tokens 2048, D 384, F 1536) and the bench config's (6304, 128, 512)
 SHAPES = ((2048, 384, 1536), (2048, 1536, 384), (2048, 384, 384), (384, 2048, 1536), (6304, 128, 512),
@@ -58,15 +59,14 @@ def main(argv=None) -> dict:
     p.add_argument("--worker", nargs=2, metavar=("LIB", "DTYPE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(rates(*args.worker, args.repeats)))
+        print(json.dumps({"gflops": rates(*args.worker, args.repeats)}))
         return {}
     results = {}
     for dtype in ("float32", "bfloat16"):
         for _ in range(args.rounds):
             for lib in ("jax", "torch"):
                 cmd = [sys.executable, __file__, "--repeats", str(args.repeats), "--worker", lib, dtype]
-                line = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
-                results.setdefault(f"{lib} {dtype}", []).append(json.loads(line))
+                results.setdefault(f"{lib} {dtype}", []).append(run_json(cmd)["gflops"])
     table = {name: [statistics.median(r[i] for r in runs) for i in range(len(SHAPES))] for name, runs in results.items()}
     print(f"{'GFLOP/s':16s}" + "".join(f"{f'{m}x{k}x{n}':>16s}" for m, k, n in SHAPES))
     for name, row in table.items():
