@@ -1,7 +1,8 @@
 """The two other forms of random positions, each the form Ruoss et al.'s code gives an encoding.
 
-distances (its ALiBi, `compute_noisy_alibi_encodings_biases`): a random distance per offset, the
-same for every query of a row, where random positions give each pair its own. layers (its RoPE,
+distances (its ALiBi, `compute_noisy_alibi_encodings_biases`; here also T5's bias and KERPLE): a
+random distance per offset, the same for every query of a row, where random positions give each
+pair its own. layers (its RoPE,
 drawn inside each attention layer): every attention layer draws its own positions."""
 
 import jax
@@ -68,6 +69,76 @@ def test_alibi_with_distances_is_the_formula_and_depends_on_the_offset_alone(dir
     identity = jnp.broadcast_to(jnp.arange(7, dtype=jnp.int32), (3, 7))
     np.testing.assert_array_equal(ops.alibi_bias(4, t, t, directional, identity),
                                   np.broadcast_to(ops.alibi_bias(4, t, t, directional), bias.shape))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_random_offsets_keep_the_sign_and_move_the_magnitude(jit):
+    """offset' = sign(o) * D_b[|o|]; D_b[r] = r gives the offsets back; None leaves them."""
+    d_BR = ops.random_distances(jax.random.key(3), 2, 6, 40)
+    offset_1TS = ops.relative_positions(jnp.arange(6), jnp.arange(6))
+    fn = jax.jit(ops.random_offsets) if jit else ops.random_offsets
+    moved = np.asarray(fn(offset_1TS, d_BR))
+    o = np.asarray(offset_1TS[0])
+    for b in range(2):
+        np.testing.assert_array_equal(moved[b], np.sign(o) * np.asarray(d_BR[b])[np.abs(o)])
+    identity = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
+    np.testing.assert_array_equal(fn(offset_1TS, identity), np.broadcast_to(o, (2, 6, 6)))
+    assert ops.random_offsets(offset_1TS, None) is offset_1TS
+
+
+def relative_bias(position, directional=False):
+    """The stack's bias module of a tiny encoder with `position` (T5's buckets, or KERPLE)."""
+    config = BertConfig(**{**TINY, "position": position}, **DISTANCES, directional_bias=directional)
+    return Positions(config, bidirectional=True, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("position, directional", [("t5", False), ("kerple", False), ("kerple", True)])
+@pytest.mark.parametrize("jit", [False, True])
+def test_t5_and_kerple_with_distances_are_their_bias_at_the_moved_offsets(position, directional, jit):
+    """T5's bias is its table at bucket(sign(o) D_b[|o|]); KERPLE's -r1 log(1 + r2 D_b[|o|]), with
+    r1, r2 still chosen by the key's side; one value per diagonal; D_b[r] = r is the plain bias."""
+    positions = relative_bias(position, directional)
+    d_BR = ops.random_distances(jax.random.key(4), 3, 7, 60)
+    t = jnp.arange(7)
+    fn = jax.jit(positions.attention_bias) if jit else positions.attention_bias
+    bias = np.asarray(fn(t, t, d_BR))
+    assert bias.shape == (3, 2, 7, 7)
+    i, j = np.meshgrid(np.arange(7), np.arange(7), indexing="ij")
+    o = j - i
+    for b in range(3):
+        moved = np.sign(o) * np.asarray(d_BR[b])[np.abs(o)]
+        if position == "t5":
+            bucket = np.asarray(ops.t5_relative_position_bucket(jnp.asarray(moved), True, 32, 128))
+            expected = np.asarray(positions.relative.table[...])[bucket].transpose(2, 0, 1)
+        else:
+            r1, r2 = (np.asarray(r) for r in (positions.relative.r1, positions.relative.r2))
+            if directional:
+                side = (o > 0).astype(int)
+                r1, r2 = r1[side].transpose(2, 0, 1), r2[side].transpose(2, 0, 1)
+            else:
+                r1, r2 = r1[:, None, None], r2[:, None, None]
+            expected = -r1 * np.log1p(r2 * np.abs(moved)[None])
+        np.testing.assert_allclose(bias[b], expected, rtol=1e-6, atol=1e-7)
+        for k in range(-6, 7):  # a function of the offset alone: one value per diagonal
+            assert len(np.unique(np.diagonal(bias[b], offset=k, axis1=1, axis2=2), axis=1)[0]) == 1
+    identity = jnp.broadcast_to(jnp.arange(7, dtype=jnp.int32), (3, 7))
+    np.testing.assert_array_equal(positions.attention_bias(t, t, identity),
+                                  np.broadcast_to(positions.attention_bias(t, t), bias.shape))
+
+
+@pytest.mark.parametrize("position", ["t5", "kerple"])
+def test_an_encoder_with_t5_or_kerple_distances_draws_them_in_training_and_learns_the_bias(position):
+    m = Bert(BertConfig(**{**TINY, "position": position}, **DISTANCES), rngs=nnx.Rngs(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (3, 6)), jnp.int32)
+    positions = split(m)(jax.random.key(0)).encoder.positions
+    drawn = positions.distances(3, 6)
+    assert drawn.shape == (3, 6) and np.all(np.diff(np.asarray(drawn), axis=1) > 0)
+    t = jnp.arange(6)
+    assert not np.allclose(positions.attention_bias(t, t, drawn), positions.attention_bias(t, t))
+    assert nnx.view(m, deterministic=True, raise_if_not_found=False).encoder.positions.distances(3, 6) is None
+    grads = nnx.grad(lambda mm: jnp.sum(mm(tokens) ** 2))(split(m)(jax.random.key(1)))
+    relative = nnx.state(grads.encoder.positions.relative, nnx.Param)
+    assert all(np.isfinite(x).all() and np.abs(x).sum() > 0 for x in jax.tree.leaves(relative))
 
 
 def split(m):
@@ -138,8 +209,9 @@ def test_cached_decoding_does_not_draw():
 
 
 def test_the_form_is_validated():
-    with pytest.raises(ValueError, match="ALiBi"):
-        BertConfig(**{**TINY, "position": "rope"}, **DISTANCES)
+    for position in ("rope", "fire", "learned"):  # FIRE's normaliser reads the query's position, not an offset
+        with pytest.raises(ValueError, match="random distance per offset"):
+            BertConfig(**{**TINY, "position": position}, **DISTANCES)
     with pytest.raises(ValueError, match="random_positions_form"):
         BertConfig(**TINY, random_positions=24, random_positions_form="offsets")
     assert BertConfig(**TINY, random_positions_form="distances").random_positions is None  # off: nothing drawn

@@ -58,11 +58,13 @@ class RelativePositionBias(nnx.Module):
         self.max_distance = config.max_distance
         self.table = nnx.Param(INIT(rngs.params(), (config.num_buckets, config.num_heads)))
 
-    def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-        """[1, N, T, S] from [T] and [S] positions; [B, N, T, S] from per-row ones."""
-        bucket_BTS = ops.t5_relative_position_bucket(
-            ops.relative_positions(q_positions, k_positions), self.bidirectional, self.num_buckets,
-            self.max_distance)
+    def __call__(self, q_positions: jax.Array, k_positions: jax.Array,
+                 distances_BR: jax.Array | None = None) -> jax.Array:
+        """[1, N, T, S] from [T] and [S] positions; [B, N, T, S] from per-row ones or random
+        distances (`ops.random_offsets`)."""
+        offset_BTS = ops.random_offsets(ops.relative_positions(q_positions, k_positions), distances_BR)
+        bucket_BTS = ops.t5_relative_position_bucket(offset_BTS, self.bidirectional, self.num_buckets,
+                                                     self.max_distance)
         return jnp.transpose(self.table[...][bucket_BTS], (0, 3, 1, 2))
 
 
@@ -180,9 +182,10 @@ class KerpleBias(nnx.Module):
             r2 = 2.0 * jax.nn.sigmoid(self.raw_r2[...])
         return r2 if self.learn_r2 else jax.lax.stop_gradient(r2)  # held fixed: gradient 0, so Adam never moves it
 
-    def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+    def __call__(self, q_positions: jax.Array, k_positions: jax.Array,
+                 distances_BR: jax.Array | None = None) -> jax.Array:
         """[1 or B, N, T, S]."""
-        return ops.kerple_bias(q_positions, k_positions, self.r1, self.r2, self.variant)
+        return ops.kerple_bias(q_positions, k_positions, self.r1, self.r2, self.variant, distances_BR)
 
 
 class Positions(nnx.Module):
@@ -235,9 +238,10 @@ class Positions(nnx.Module):
 
     def attention_bias(self, q_positions: jax.Array, k_positions: jax.Array,
                        distances_BR: jax.Array | None = None) -> jax.Array | None:
-        """distances_BR: ALiBi's distance per offset (`distances`); None: the offset itself."""
+        """distances_BR: the random distance per offset (`distances`: ALiBi, T5's bias, KERPLE);
+        None: the offset itself."""
         if self.relative is not None:
-            return self.relative(q_positions, k_positions)
+            return self.relative(q_positions, k_positions, *(() if distances_BR is None else (distances_BR,)))
         if self.kind == "alibi":
             return ops.alibi_bias(self.num_heads, q_positions, k_positions, self.directional, distances_BR)
         return None

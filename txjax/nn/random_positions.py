@@ -1,4 +1,4 @@
-"""Randomized positions (Ruoss et al. 2023): the positions, or ALiBi's distances, drawn while training."""
+"""Randomized positions (Ruoss et al. 2023): the positions, or the distances of a relative bias, drawn while training."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class RandomPositions(RandomDraw):
 
 
 class RandomDistances(RandomDraw):
-    """ALiBi's distance at each offset (`ops.random_distances`) when drawing, else None.
+    """The distance at each offset (`ops.random_distances`) of ALiBi, T5's bias or KERPLE when drawing, else None.
 
     Owned by a stack's `Positions`, which draws once per forward pass for all its layers (their
     code draws per layer); positions stay 0..T-1. Packed documents share their

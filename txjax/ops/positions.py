@@ -217,6 +217,17 @@ def relative_positions(q_positions: jax.Array, k_positions: jax.Array) -> jax.Ar
     return k_BS[:, None, :] - q_BT[:, :, None]
 
 
+def random_offsets(offset_BTS: jax.Array, distances_BR: jax.Array | None) -> jax.Array:
+    """The offsets key_pos - query_pos with row b's offset r = +-|r| moved to +-distances_BR[b, |r|]
+    (`random_distances`: Ruoss et al.'s random distance per offset), the sign kept; the offsets
+    themselves when distances_BR is None. [B, T, S] from [1 or B, T, S]."""
+    if distances_BR is None:
+        return offset_BTS
+    rows_B11 = jnp.arange(distances_BR.shape[0])[:, None, None]
+    distance_BTS = distances_BR[rows_B11, jnp.abs(offset_BTS)]
+    return jnp.where(offset_BTS < 0, -distance_BTS, distance_BTS)
+
+
 def document_positions(document_ids_BT: jax.Array) -> jax.Array:
     """int32 [B, T]: each token's position within its document, restarting at 0 wherever the id
     changes along a row (packed sequences: each document one contiguous run)."""
@@ -238,11 +249,7 @@ def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array,
     distances_BR[b, r] instead of r; the bias is then [B, N, T, S].
     """
     offset_BTS = relative_positions(q_positions, k_positions)
-    if distances_BR is None:
-        distance_BTS = jnp.abs(offset_BTS).astype(jnp.float32)
-    else:
-        rows_B11 = jnp.arange(distances_BR.shape[0])[:, None, None]
-        distance_BTS = distances_BR[rows_B11, jnp.abs(offset_BTS)].astype(jnp.float32)
+    distance_BTS = jnp.abs(random_offsets(offset_BTS, distances_BR)).astype(jnp.float32)
     if directional:
         distance_BTS = distance_BTS - 0.5 * (offset_BTS < 0)
     return -alibi_slopes(num_heads)[None, :, None, None] * distance_BTS[:, None]
@@ -345,18 +352,20 @@ def kerple_bias(
     r1_N: jax.Array,
     r2_N: jax.Array,
     variant: str = "log",
+    distances_BR: jax.Array | None = None,
 ) -> jax.Array:
     """KERPLE (Chi et al. 2022) bias [1 or B, N, T, S] from positive per-head r1, r2.
 
     log:   -r1 * log(1 + r2 |i - j|)   (the paper's best variant)
     power: -r1 * |i - j|^r2, 0 < r2 <= 2 (a conditionally positive definite kernel)
     r1 and r2 are [N], the same both ways, or [2, N] per direction: row 0 for keys at or before
-    the query (the paper's causal form), row 1 for keys after it.
+    the query (the paper's causal form), row 1 for keys after it. distances_BR
+    (`random_distances`): |i - j| = r is distances_BR[b, r] instead (`random_offsets`).
     """
     if variant not in KERPLE_VARIANTS:
         raise ValueError(f"kerple_bias: variant={variant!r} is not one of {KERPLE_VARIANTS}")
     offset_B1TS = relative_positions(q_positions, k_positions)[:, None]
-    distance_B1TS = jnp.abs(offset_B1TS).astype(jnp.float32)
+    distance_B1TS = jnp.abs(random_offsets(offset_B1TS[:, 0], distances_BR)[:, None]).astype(jnp.float32)
     r1_1N11, r2_1N11 = (_per_direction(jnp.asarray(r, jnp.float32), offset_B1TS) for r in (r1_N, r2_N))
     if variant == "log":
         return -r1_1N11 * jnp.log1p(r2_1N11 * distance_B1TS)
