@@ -2,8 +2,11 @@
 values and every gradient, for masks, relative biases, grouped queries, caches, odd head
 widths; and the models with attention_impl="cpu_fused" against "reference"."""
 
+import os
+import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import hypothesis.strategies as st
 import jax
@@ -205,3 +208,31 @@ def test_without_a_compiler_auto_falls_back_with_a_warning(tmp_path):
            "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.split() == ["reference", "True", "False", "True"], done.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="builds for the x86-64 baseline")
+def test_the_kernels_built_for_the_x86_64_baseline_match_the_reference(tmp_path):
+    """The kernels are GCC vector code, built with -march=native for the CPU they run on. Built
+    instead for the x86-64 baseline (SSE2: 128-bit vectors and no FMA, so other roundings than
+    this machine's), they still pass these checks: what a CPU without AVX-512 or AVX2 computes.
+    A fresh process with an empty cache and a $CXX that swaps the -march flag."""
+    log = tmp_path / "compiler_args"
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text('#!/bin/sh\necho "$@" >> "%s"\nfor a in "$@"; do\n'
+                       '  [ "$a" = -march=native ] && a=-march=x86-64\n  set -- "$@" "$a"\n  shift\ndone\n'
+                       'echo "$@" >> "%s"\nexec %s "$@"\n' % (log, log, os.environ.get("CXX", "g++")))
+    wrapper.chmod(0o755)
+    code = ("import sys\nsys.path.insert(0, %r)\nimport test_cpu_attention as t, test_cpu_kernels as k\n"
+            "assert t.cpu_kernels.available()\n"
+            "for case in [(2, 40, 40, 3, 3, 80, 'causal', True, True), (1, 17, 17, 1, 1, 100, 'causal', False, True),\n"
+            "             (3, 9, 12, 2, 1, 8, 'padding', True, False), (2, 13, 13, 4, 2, 16, 'relative', True, True)]:\n"
+            "    t._check(*case)\n"
+            "t.test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(4)\n"
+            "k.test_transpose_of_large_arrays_split_over_threads((1000, 600))\n"
+            "print('checked')\n") % str(Path(__file__).parent)
+    env = {**os.environ, "CXX": str(wrapper), "XDG_CACHE_HOME": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stdout.split()[-1:] == ["checked"], done.stderr[-3000:]
+    asked, ran = log.read_text().splitlines()[-2:]  # the build went through the wrapper, which swapped the flag
+    assert "-march=native" in asked.split() and "-march=x86-64" in ran.split() and "-march=native" not in ran
