@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from experiment_scripts import load_script
-from txjax import Bert
+from txjax import Bert, ops
 from txjax.data import IGNORE_INDEX
 from txjax.studies.common import PROFILE_DISTANCES, bias_learned, init_params
 from txjax.studies.randomized import (
@@ -234,6 +234,17 @@ def test_kerples_options_reach_the_model_and_its_learned_values_are_read(directi
     np.testing.assert_allclose(learned["kerple_r2"], np.asarray(kerple.r2), atol=1e-4)
     assert 0 < np.max(learned["kerple_r2"]) < 0.125
     assert bias_learned(Bert(model_config("rope", "reverse_string", RandomizedConfig()), rngs=nnx.Rngs(0))) == {}
+
+
+def test_t5s_buckets_reach_the_model():
+    """t5_num_buckets 1024: every offset of the longest test row (under 256) has its own bucket."""
+    study = RandomizedConfig(positions="t5", t5_num_buckets=1024, t5_max_distance=1024)
+    model = Bert(model_config("t5+random", "reverse_string", study), rngs=nnx.Rngs(0))
+    assert model.encoder.positions.relative.table[...].shape == (1024, study.num_heads)
+    offsets = jnp.arange(-255, 256)
+    buckets = np.asarray(ops.t5_relative_position_bucket(offsets, True, 1024, 1024))
+    assert len(np.unique(buckets)) == len(offsets)
+    assert model_config("t5", "reverse_string", RandomizedConfig()).num_buckets == 32
 
 
 @pytest.mark.parametrize("form", ["positions", "distances", "layers"])

@@ -87,6 +87,8 @@ class RandomizedConfig:
     fire_c: float = BertConfig.fire_c  # FIRE's initial scale c of psi(x) = log(c x + 1)
     fire_learn_c: bool = BertConfig.fire_learn_c  # FIRE learns c (their code); False: c stays fire_c
     fire_mlp_width: int = BertConfig.fire_mlp_width  # FIRE's hidden width (their code: 32); 0: f linear, one weight per head
+    t5_num_buckets: int = BertConfig.num_buckets  # T5's buckets: a quarter exact per direction (offsets 0 .. n/4 - 1), then logarithmic
+    t5_max_distance: int = BertConfig.max_distance  # T5: offsets beyond this share the last bucket
     kerple_r2_init_scale: float = BertConfig.kerple_r2_init_scale  # KERPLE's initial r2 (the reference code's draw) times this
     kerple_learn_r2: bool = BertConfig.kerple_learn_r2  # KERPLE learns r2 (their code); False: r2 stays its initial draw
     kerple_positive: str = BertConfig.kerple_positive  # KERPLE's r1, r2 kept positive by softplus (ours) or clamped (their code)
@@ -164,7 +166,7 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         fire_threshold=study.fire_threshold, fire_learn_threshold=study.fire_learn_threshold,
         fire_c=study.fire_c, fire_learn_c=study.fire_learn_c, fire_mlp_width=study.fire_mlp_width,
         kerple_r2_init_scale=study.kerple_r2_init_scale, kerple_positive=study.kerple_positive,
-        kerple_learn_r2=study.kerple_learn_r2,
+        kerple_learn_r2=study.kerple_learn_r2, num_buckets=study.t5_num_buckets, max_distance=study.t5_max_distance,
         random_positions_form=(THEIR_FORMS.get(position, "positions") if study.random_positions_form == "theirs"
                                else study.random_positions_form))
 
