@@ -212,6 +212,9 @@ def test_the_form_is_validated():
     for position in ("rope", "fire", "learned"):  # FIRE's normaliser reads the query's position, not an offset
         with pytest.raises(ValueError, match="random distance per offset"):
             BertConfig(**{**TINY, "position": position}, **DISTANCES)
+    fire = Positions(BertConfig(**{**TINY, "position": "fire"}), bidirectional=True, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="normaliser"):
+        fire.attention_bias(jnp.arange(4), jnp.arange(4), jnp.zeros((1, 4), jnp.int32))
     with pytest.raises(ValueError, match="random_positions_form"):
         BertConfig(**TINY, random_positions=24, random_positions_form="offsets")
     assert BertConfig(**TINY, random_positions_form="distances").random_positions is None  # off: nothing drawn

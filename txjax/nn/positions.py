@@ -116,8 +116,10 @@ class FireBias(nnx.Module):
         """The scale |c| of psi(x) = log(|c| x + 1) (fire_c itself when c is not learned)."""
         return jnp.abs(jnp.asarray(self.init_c, jnp.float32) if self.c is None else self.c[...])
 
-    def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-        """[1 or B, N, T, S]."""
+    def __call__(self, q_positions: jax.Array, k_positions: jax.Array, distances_BR: None = None) -> jax.Array:
+        """[1 or B, N, T, S]. No random distances: the normaliser reads the query's position, not an offset."""
+        if distances_BR is not None:
+            raise ValueError("FIRE has no random_positions_form='distances': its normaliser reads the query's position")
         hidden = (None, None) if self.w1 is None else (self.w1[...], self.b1[...])
         return ops.fire_bias(q_positions, k_positions, *hidden, self.w2[...], self.b2[...], self.scale,
                              self.threshold, directional=self.directional)
@@ -241,7 +243,7 @@ class Positions(nnx.Module):
         """distances_BR: the random distance per offset (`distances`: ALiBi, T5's bias, KERPLE);
         None: the offset itself."""
         if self.relative is not None:
-            return self.relative(q_positions, k_positions, *(() if distances_BR is None else (distances_BR,)))
+            return self.relative(q_positions, k_positions, distances_BR)
         if self.kind == "alibi":
             return ops.alibi_bias(self.num_heads, q_positions, k_positions, self.directional, distances_BR)
         return None
