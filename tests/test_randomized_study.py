@@ -3,6 +3,7 @@ empty output tape, padding that changes nothing, and a small study end to end.""
 
 import dataclasses
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +19,10 @@ from txjax.data import IGNORE_INDEX
 from txjax.studies.common import PROFILE_DISTANCES, bias_learned, init_params
 from txjax.studies.randomized import (
     RandomizedConfig,
+    band_markdown,
     eval_logits,
     eval_max_position,
+    length_bands,
     markdown,
     model_config,
     randomization_gains,
@@ -284,6 +287,27 @@ def test_gain_is_randomized_minus_plain_where_both_exist():
     assert "+10.0 points" in markdown(summarize(runs), RandomizedConfig())
 
 
+def test_length_bands_average_each_runs_lengths_then_the_seeds():
+    assert length_bands(RandomizedConfig()) == [(1, 10), (11, 20), (21, 30), (31, 40), (41, 60), (61, 80), (81, 100)]
+    study = RandomizedConfig(train_max=4, test_max=10)
+    assert length_bands(study) == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 6), (7, 8), (9, 10)]
+    by_length = [{"1": 1.0, "2": 0.5, "3": 0.5, "4": 0.5, "5": 0.2, "6": 0.4, "7": 0.1, "9": 0.0, "10": None},
+                 {"1": 0.0, "2": 0.5, "3": 0.5, "4": 0.5, "5": 0.4, "6": 0.4, "7": 0.3, "9": 0.0, "10": None}]
+    runs = [{"task": "t", "variant": "rope", "seed": i, "accuracy_by_length": a} for i, a in enumerate(by_length)]
+    row = band_markdown(runs, study).splitlines()[-1]
+    assert row == "| t | rope | 50.0 | 50.0 | 50.0 | 50.0 | 35.0 | 20.0 | 0.0 |"  # 10: None, left out
+
+
+def test_band_table_reproduces_a_committed_row():
+    """The per-band rows in docs/results/README.md come from this table: ALiBi's plain row of the
+    random-distances cause-test, as written there."""
+    folder = Path(__file__).parents[1] / "docs/results/randomized_cause_tests/alibi_random_distances_symmetric"
+    runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines()]
+    table = band_markdown(runs, RandomizedConfig())
+    assert "| reverse_string | alibi | 99.5 | 96.5 | 92.3 | 83.5 | 75.7 | 68.5 | 63.6 |" in table
+    assert "| reverse_string | alibi+random | 99.7 | 99.1 | 96.2 | 92.0 | 85.2 | 77.8 | 73.0 |" in table
+
+
 @pytest.mark.slow
 def test_small_study_learns_writes_and_resumes(tmp_path):
     study = RandomizedConfig(tasks="reverse_string", positions="rope,learned,kerple", seeds=1, train_max=6,
@@ -301,6 +325,7 @@ def test_small_study_learns_writes_and_resumes(tmp_path):
     assert runs["rope"]["in_accuracy"] > 0.6  # above the 0.5 of guessing bits: the tape is read
     for name in ("table.md", "table.csv", "runs.csv", "results.json", "randomized_positions.png"):
         assert (tmp_path / name).exists()
+    assert "| reverse_string | rope | " in (tmp_path / "table.md").read_text().split("by input length")[1]
     assert json.loads((tmp_path / "results.json").read_text())["configs"]["study"]["train_max"] == 6
     header = (tmp_path / "runs.csv").read_text().splitlines()[0].split(",")
     assert "in_accuracy" in header and "kerple_r2" not in header  # per-head lists stay in runs.jsonl

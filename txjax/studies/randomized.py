@@ -286,7 +286,33 @@ def randomization_gains(summary: list[dict]) -> list[float]:
             and by.get((t, v.removesuffix(RANDOM_SUFFIX))) is not None]
 
 
-def markdown(summary: list[dict], study: RandomizedConfig) -> str:
+def length_bands(study: RandomizedConfig) -> list[tuple[int, int]]:
+    """Input-length bands for the per-band table: four inside training (1-10 ... 31-40 by default),
+    three beyond it (41-60, 61-80, 81-100)."""
+    def split(lo, hi, parts):
+        width = -(-(hi - lo + 1) // parts)
+        return [(a, min(a + width - 1, hi)) for a in range(lo, hi + 1, width)]
+    return split(1, study.train_max, 4) + split(study.train_max + 1, study.test_max, 3)
+
+
+def band_markdown(runs: list[dict], study: RandomizedConfig) -> str:
+    """Per-token accuracy per length band: the mean over a run's scored lengths in the band, then
+    over seeds (lengths a plain learned table cannot read are left out; n/a if none is left)."""
+    bands = length_bands(study)
+    rows = []
+    for task, variant in dict.fromkeys((r["task"], r["variant"]) for r in runs):
+        rs = [r for r in runs if (r["task"], r["variant"]) == (task, variant)]
+        cells = [task, variant]
+        for lo, hi in bands:
+            per_run = [np.mean(vals) for r in rs if (vals := [a for n, a in r["accuracy_by_length"].items()
+                                                               if lo <= int(n) <= hi and a is not None])]
+            cells.append(f"{100 * np.mean(per_run):.1f}" if per_run else "n/a")
+        rows.append(cells)
+    header = ["task", "encoding"] + [f"{lo}–{hi}" for lo, hi in bands]
+    return "### Per-token accuracy (%) by input length, mean over seeds\n\n" + markdown_table(header, rows)
+
+
+def markdown(summary: list[dict], study: RandomizedConfig, runs: list[dict] | None = None) -> str:
     def cell(row, split):
         m, s = row[f"{split}_mean"], row[f"{split}_std"]
         if m is None:
@@ -307,14 +333,15 @@ def markdown(summary: list[dict], study: RandomizedConfig) -> str:
     tail = (f"\nRandom positions minus the plain encoding, out of distribution, averaged over "
             f"{len(gains)} (task, encoding) pairs: **{100 * np.mean(gains):+.1f} points** "
             f"(range {100 * min(gains):+.1f} to {100 * max(gains):+.1f}).\n") if gains else ""
-    return "### Per-token accuracy (%), mean ± std over seeds\n\n" + markdown_table(header, rows) + tail
+    bands = "" if runs is None else "\n" + band_markdown(runs, study)
+    return "### Per-token accuracy (%), mean ± std over seeds\n\n" + markdown_table(header, rows) + tail + bands
 
 
 def write_results(result: dict, study: RandomizedConfig) -> Path:
     summary = summarize(result["runs"])
     out = write_outputs(study.out_dir, result, summary, [
         {k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in result["runs"]],
-        markdown(summary, study))
+        markdown(summary, study, result["runs"]))
     plot(result["runs"], study, out / "randomized_positions.png")
     return out
 
