@@ -364,8 +364,9 @@ def kerple_bias(
     """
     if variant not in KERPLE_VARIANTS:
         raise ValueError(f"kerple_bias: variant={variant!r} is not one of {KERPLE_VARIANTS}")
-    offset_B1TS = relative_positions(q_positions, k_positions)[:, None]
-    distance_B1TS = jnp.abs(random_offsets(offset_B1TS[:, 0], distances_BR)[:, None]).astype(jnp.float32)
+    offset_BTS = relative_positions(q_positions, k_positions)
+    offset_B1TS = offset_BTS[:, None]
+    distance_B1TS = jnp.abs(random_offsets(offset_BTS, distances_BR)).astype(jnp.float32)[:, None]
     r1_1N11, r2_1N11 = (_per_direction(jnp.asarray(r, jnp.float32), offset_B1TS) for r in (r1_N, r2_N))
     if variant == "log":
         return -r1_1N11 * jnp.log1p(r2_1N11 * distance_B1TS)

@@ -265,11 +265,17 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def by_variant(runs: list[dict]) -> list[tuple[str, str, list[dict]]]:
+    """(task, variant, its runs: one per seed) in the order the runs first name them."""
+    keys = dict.fromkeys((r["task"], r["variant"]) for r in runs)
+    return [(task, variant, [r for r in runs if (r["task"], r["variant"]) == (task, variant)])
+            for task, variant in keys]
+
+
 def summarize(runs: list[dict]) -> list[dict]:
     """Mean ± std over seeds per (task, variant), and the gain of randomizing each encoding."""
     rows = []
-    for task, variant in dict.fromkeys((r["task"], r["variant"]) for r in runs):
-        rs = [r for r in runs if (r["task"], r["variant"]) == (task, variant)]
+    for task, variant, rs in by_variant(runs):
         row = {"task": task, "variant": variant, "n_seeds": len(rs)}
         for split in ("in", "out"):
             row[f"{split}_mean"], row[f"{split}_std"], _ = mean_std([r[f"{split}_accuracy"] for r in rs])
@@ -298,21 +304,23 @@ def length_bands(study: RandomizedConfig) -> list[tuple[int, int]]:
 def band_markdown(runs: list[dict], study: RandomizedConfig) -> str:
     """Per-token accuracy per length band: the mean over a run's scored lengths in the band, then
     over seeds (lengths a plain learned table cannot read are left out; n/a if none is left)."""
+    def band_mean(run, lo, hi):
+        values = [a for n, a in run["accuracy_by_length"].items() if lo <= int(n) <= hi and a is not None]
+        return np.mean(values) if values else None
+
     bands = length_bands(study)
     rows = []
-    for task, variant in dict.fromkeys((r["task"], r["variant"]) for r in runs):
-        rs = [r for r in runs if (r["task"], r["variant"]) == (task, variant)]
+    for task, variant, rs in by_variant(runs):
         cells = [task, variant]
         for lo, hi in bands:
-            per_run = [np.mean(vals) for r in rs if (vals := [a for n, a in r["accuracy_by_length"].items()
-                                                               if lo <= int(n) <= hi and a is not None])]
+            per_run = [m for m in (band_mean(r, lo, hi) for r in rs) if m is not None]
             cells.append(f"{100 * np.mean(per_run):.1f}" if per_run else "n/a")
         rows.append(cells)
     header = ["task", "encoding"] + [f"{lo}–{hi}" for lo, hi in bands]
     return "### Per-token accuracy (%) by input length, mean over seeds\n\n" + markdown_table(header, rows)
 
 
-def markdown(summary: list[dict], study: RandomizedConfig, runs: list[dict] | None = None) -> str:
+def markdown(summary: list[dict], study: RandomizedConfig) -> str:
     def cell(row, split):
         m, s = row[f"{split}_mean"], row[f"{split}_std"]
         if m is None:
@@ -333,15 +341,14 @@ def markdown(summary: list[dict], study: RandomizedConfig, runs: list[dict] | No
     tail = (f"\nRandom positions minus the plain encoding, out of distribution, averaged over "
             f"{len(gains)} (task, encoding) pairs: **{100 * np.mean(gains):+.1f} points** "
             f"(range {100 * min(gains):+.1f} to {100 * max(gains):+.1f}).\n") if gains else ""
-    bands = "" if runs is None else "\n" + band_markdown(runs, study)
-    return "### Per-token accuracy (%), mean ± std over seeds\n\n" + markdown_table(header, rows) + tail + bands
+    return "### Per-token accuracy (%), mean ± std over seeds\n\n" + markdown_table(header, rows) + tail
 
 
 def write_results(result: dict, study: RandomizedConfig) -> Path:
     summary = summarize(result["runs"])
     out = write_outputs(study.out_dir, result, summary, [
         {k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in result["runs"]],
-        markdown(summary, study, result["runs"]))
+        markdown(summary, study) + "\n" + band_markdown(result["runs"], study))
     plot(result["runs"], study, out / "randomized_positions.png")
     return out
 
@@ -352,9 +359,9 @@ def plot(runs: list[dict], study: RandomizedConfig, path: Path) -> Path:
     tasks = list(dict.fromkeys(r["task"] for r in runs))
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), sharey=True, squeeze=False)
     colors = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(r["variant"].removesuffix(RANDOM_SUFFIX) for r in runs))}
+    groups = by_variant(runs)
     for ax, task in zip(axes[0], tasks):
-        for variant in dict.fromkeys(r["variant"] for r in runs if r["task"] == task):
-            rs = [r for r in runs if (r["task"], r["variant"]) == (task, variant)]
+        for variant, rs in ((v, rs) for t, v, rs in groups if t == task):
             lengths = sorted(int(n) for n in rs[0]["accuracy_by_length"])
             acc = [np.mean([r["accuracy_by_length"][str(n)] if r["accuracy_by_length"][str(n)] is not None
                             else np.nan for r in rs]) for n in lengths]
