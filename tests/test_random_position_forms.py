@@ -1,9 +1,9 @@
-"""The two other forms of random positions, each the form Ruoss et al.'s code gives an encoding.
+"""The other forms of random positions, after the forms Ruoss et al.'s code gives an encoding.
 
 distances (its ALiBi, `compute_noisy_alibi_encodings_biases`; here also T5's bias and KERPLE): a
 random distance per offset, the same for every query of a row, where random positions give each
-pair its own. layers (its RoPE,
-drawn inside each attention layer): every attention layer draws its own positions."""
+pair its own; drawn once for the stack, or per attention layer as its code does (layer_distances).
+layers (its RoPE, drawn inside each attention layer): every attention layer draws its own positions."""
 
 import jax
 import jax.numpy as jnp
@@ -178,9 +178,10 @@ def test_padding_does_not_change_a_rows_distances():
         assert abs(d[:, 2].mean() - (2 * 24 / 3)) < 0.3, (width, d[:, 2].mean())
 
 
+@pytest.mark.parametrize("form", ["distances", "layer_distances"])
 @pytest.mark.parametrize("jit", [False, True])
-def test_a_causal_stack_with_distances_never_reads_ahead_and_trains(jit):
-    m = GPT(GPTConfig(**TINY, **DISTANCES), rngs=nnx.Rngs(0))
+def test_a_causal_stack_with_distances_never_reads_ahead_and_trains(form, jit):
+    m = GPT(GPTConfig(**TINY, **dict(DISTANCES, random_positions_form=form)), rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 8)), jnp.int32)
     train = split(m)
 
@@ -210,8 +211,9 @@ def test_cached_decoding_does_not_draw():
 
 def test_the_form_is_validated():
     for position in ("rope", "fire", "learned"):  # FIRE's normaliser reads the query's position, not an offset
-        with pytest.raises(ValueError, match="random distance per offset"):
-            BertConfig(**{**TINY, "position": position}, **DISTANCES)
+        for form in ("distances", "layer_distances"):
+            with pytest.raises(ValueError, match="random distance per offset"):
+                BertConfig(**{**TINY, "position": position}, random_positions=24, random_positions_form=form)
     fire = Positions(BertConfig(**{**TINY, "position": "fire"}), bidirectional=True, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="normaliser"):
         fire.attention_bias(jnp.arange(4), jnp.arange(4), jnp.zeros((1, 4), jnp.int32))
@@ -221,6 +223,57 @@ def test_the_form_is_validated():
     for position in ("learned", "sinusoidal", "none"):
         with pytest.raises(ValueError, match="inside attention"):
             BertConfig(**{**TINY, "position": position}, random_positions=24, random_positions_form="layers")
+
+
+@pytest.mark.parametrize("position", ["alibi", "t5", "kerple"])
+@pytest.mark.parametrize("form, draws", [("distances", 1), ("layer_distances", 3)])
+def test_distances_drawn_once_per_stack_or_once_per_layer_and_none_in_evaluation(position, form, draws, monkeypatch):
+    drawn = []
+    original = Positions.distances
+
+    def spy(self, *args):
+        out = original(self, *args)
+        drawn.append(None if out is None else np.asarray(out))
+        return out
+
+    monkeypatch.setattr(Positions, "distances", spy)
+    cfg = BertConfig(**{**TINY, "position": position, "num_layers": 3}, random_positions=24, random_positions_form=form)
+    m = Bert(cfg, rngs=nnx.Rngs(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 7)), jnp.int32)
+    assert np.isfinite(np.asarray(split(m)(jax.random.key(0))(tokens))).all()
+    assert len(drawn) == draws and len({d.tobytes() for d in drawn}) == draws  # each draw its own
+    for d in drawn:
+        assert d.shape == (2, 7) and (d[:, 0] == 0).all() and np.all(np.diff(d, axis=1) > 0) and d.max() < 24
+    drawn.clear()
+    nnx.view(m, deterministic=True, raise_if_not_found=False)(tokens)
+    assert drawn and all(d is None for d in drawn)
+
+
+@pytest.mark.parametrize("position", ["alibi", "t5", "kerple"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_with_layer_distances_layer_i_reads_draw_i(position, jit, monkeypatch):
+    """The stack's output is its blocks run one by one, block i on the bias at the i-th draw."""
+    cfg = BertConfig(**{**TINY, "position": position, "num_layers": 3}, random_positions=24,
+                     random_positions_form="layer_distances")
+    m = Bert(cfg, rngs=nnx.Rngs(0))
+    stack = m.encoder
+    draws = [ops.random_distances(jax.random.key(i), 2, 7, 24) for i in range(3)]
+    calls = iter(range(10**6))
+    monkeypatch.setattr(Positions, "distances", lambda self, *args: draws[next(calls) % 3])
+    x_BTD = jax.random.normal(jax.random.key(9), (2, 7, cfg.d_model))
+    t = jnp.arange(7)
+
+    def by_stack(x_BTD):
+        return stack(x_BTD, t)[0]
+
+    def by_blocks(x_BTD, order=(0, 1, 2)):
+        for block, i in zip(stack.blocks, order):
+            x_BTD, _ = block(x_BTD, stack.self_bias(t, t, distances_BR=draws[i]), rotary=None, positions=t)
+        return x_BTD if stack.final_norm is None else stack.final_norm(x_BTD)
+
+    f, g = (jax.jit(fn) if jit else fn for fn in (by_stack, by_blocks))
+    np.testing.assert_allclose(f(x_BTD), g(x_BTD), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(f(x_BTD), by_blocks(x_BTD, (1, 0, 2)), atol=1e-4)  # the order matters
 
 
 LAYERS = dict(random_positions=24, random_positions_form="layers")
@@ -252,7 +305,7 @@ def test_every_layer_draws_its_own_positions_while_training_and_none_in_evaluati
     nnx.update(plain, nnx.state(m, nnx.Param))
     np.testing.assert_allclose(evaluated(tokens), nnx.view(plain, deterministic=True, raise_if_not_found=False)(tokens),
                                rtol=1e-6, atol=1e-6)
-    assert len(drawn) == 6 and all(p is None for p in drawn)  # both models, three layers each, no draw
+    assert len(drawn) == 4 and all(p is None for p in drawn)  # asked per layer, and once by the plain model: no draw
 
 
 @pytest.mark.parametrize("changes", [LAYERS, dict(LAYERS, random_positions_per_batch=True),

@@ -46,7 +46,7 @@ def test_a_shared_draw_is_uniform_over_subsets():
 
 
 @pytest.mark.parametrize("position, form", [("rope", "positions"), ("alibi", "distances"), ("rope", "layers"),
-                                            ("t5", "layers")])
+                                            ("t5", "layers"), ("kerple", "layer_distances")])
 def test_every_row_of_a_batch_reads_one_draw_in_every_form(position, form, monkeypatch):
     drawn = []
     for name in ("distances", "layer_positions"):
@@ -66,11 +66,11 @@ def test_every_row_of_a_batch_reads_one_draw_in_every_form(position, form, monke
     if form == "positions":
         drawn.append(np.asarray(model.positions(tokens)))
     assert np.isfinite(np.asarray(model(tokens))).all()
-    assert len(drawn) == {"positions": 1, "distances": 1, "layers": 3}[form]
+    assert len(drawn) == {"positions": 1, "distances": 1, "layers": 3, "layer_distances": 3}[form]
     for d in drawn:
         assert d.shape == (4, 6) and np.all(np.diff(d, axis=1) > 0)
         assert (d == d[:1]).all()  # one draw for the batch
-    if form == "layers":
+    if form in ("layers", "layer_distances"):
         assert len({d.tobytes() for d in drawn}) == 3  # still one per layer
     drawn.clear()
     per_row = split(Bert(BertConfig(**config), rngs=nnx.Rngs(0)))(jax.random.key(1))

@@ -176,7 +176,7 @@ def test_the_random_form_reaches_the_randomized_models_it_applies_to():
     assert {v: model_config(v, "reverse_string", theirs).random_positions_form for v in theirs.variants
             if v.endswith("+random")} == {"sinusoidal+random": "positions", "learned+random": "positions",
                                           "rope+random": "layers", "t5+random": "positions",
-                                          "alibi+random": "distances"}
+                                          "alibi+random": "layer_distances"}
     per_batch = RandomizedConfig(positions="rope", random_positions_per_batch=True)
     assert model_config("rope+random", "reverse_string", per_batch).random_positions_per_batch
     assert not model_config("rope+random", "reverse_string", RandomizedConfig()).random_positions_per_batch

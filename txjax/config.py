@@ -27,7 +27,9 @@ ROTARY_POSITIONS = ("rope", "xpos")  # rotate queries and keys; the rope_scaling
 CAUSAL_ONLY_POSITIONS = ("xpos",)  # defined for causal attention only: refused where a stack is bidirectional
 RANDOM_POSITION_FORMS = {  # TransformerConfig.random_positions_form: (the positions it applies to, what it draws)
     "positions": (POSITIONS, "a sorted random subset of positions per row"),
-    "distances": (("alibi", "t5", "kerple"), "a random distance per offset, as Ruoss et al.'s code's ALiBi"),
+    "distances": (("alibi", "t5", "kerple"), "a random distance per offset, drawn once for the stack"),
+    "layer_distances": (("alibi", "t5", "kerple"),
+                        "a random distance per offset, drawn per attention layer, as Ruoss et al.'s code's ALiBi"),
     "layers": (tuple(p for p in POSITIONS if p not in (*ABSOLUTE_POSITIONS, "none")),
                "positions drawn inside attention, per layer, as Ruoss et al.'s code's RoPE"),
 }
@@ -118,7 +120,7 @@ class TransformerConfig:
     random_positions: int | None = None  # Ruoss et al. 2023: while training, each sequence's positions are a sorted random subset of [0, random_positions) instead of 0..T-1; None: off
     random_positions_eval: bool = False  # draw random positions in evaluation too (the paper's code does); False: 0..T-1 there
     random_positions_per_batch: bool = False  # one random draw shared by every row of a batch (Ruoss et al.'s code); False: each row draws its own
-    random_positions_form: str = "positions"  # "positions": each token's position is drawn; "distances" (ALiBi as Ruoss et al.'s code's random ALiBi; also T5's bias and KERPLE, functions of the offset alone): positions stay 0..T-1 and each offset 1, 2, ... gets a sorted random distance from [1, random_positions), per stack, the same for every query; "layers" (encodings that act in attention; Ruoss et al.'s code's RoPE): each attention layer draws its own positions, no packed documents
+    random_positions_form: str = "positions"  # "positions": each token's position is drawn; "distances" (ALiBi as Ruoss et al.'s code's random ALiBi; also T5's bias and KERPLE, functions of the offset alone): positions stay 0..T-1 and each offset 1, 2, ... gets a sorted random distance from [1, random_positions), per stack, the same for every query; "layer_distances": the same, drawn per attention layer (their code's ALiBi exactly); "layers" (encodings that act in attention; Ruoss et al.'s code's RoPE): each attention layer draws its own positions, no packed documents
     pad_id: int | None = None  # keys equal to pad_id are masked; None: no padding mask
     dtype: str = "float32"  # compute dtype of matmuls and activations; parameters, softmax, norms and logits stay float32
     fire_mlp_width: int = 32  # FIRE: hidden width of the MLP 1 -> W -> N heads; 0: f is linear, 1 -> N (one weight and bias per head)

@@ -191,6 +191,15 @@ class TransformerStack(nnx.Module):
             bias = relative if bias is None else bias + relative
         return bias
 
+    def _drawn_bias(self, positions_T, valid_BT, documents_BT, batch: int) -> tuple[jax.Array | None, jax.Array]:
+        """(self-attention bias, query positions) of a whole-sequence pass: with the random
+        positions or distances of a layer's draw (training), else with positions_T."""
+        drawn_BT = self.positions.layer_positions(batch, positions_T.shape[-1], valid_BT)
+        if drawn_BT is not None:  # `layers`: positions drawn inside attention
+            return self.self_bias(drawn_BT, drawn_BT, valid_BT, documents_BT), drawn_BT
+        distances_BR = self.positions.distances(batch, positions_T.shape[-1], valid_BT)
+        return self.self_bias(positions_T, positions_T, valid_BT, documents_BT, distances_BR), positions_T
+
     def __call__(
         self,
         x_BTD: jax.Array,
@@ -215,10 +224,8 @@ class TransformerStack(nnx.Module):
         so stale or empty slots never leak in; the cache comes back with their keys and
         values written and `index` advanced by T.
         """
-        distances_BR = None
         if cache is None:
             k_positions_S, k_valid_BS = positions_T, valid_BT
-            distances_BR = self.positions.distances(x_BTD.shape[0], x_BTD.shape[1], valid_BT)
             cross_mask = ops.attention_mask(None, None, causal=False, k_valid_BS=enc_valid_BS,
                                             q_documents_BT=documents_BT if enc_documents_BS is not None else None,
                                             k_documents_BS=enc_documents_BS)
@@ -229,17 +236,18 @@ class TransformerStack(nnx.Module):
             k_positions_S = cache.positions(jnp.arange(cache.max_len, dtype=jnp.int32))
             k_valid_BS = cache.valid_BS
             cross_mask = cache.cross_mask
-        bias = self.self_bias(positions_T, k_positions_S, k_valid_BS, documents_BT, distances_BR)
+        if cache is None:
+            bias, q_positions = self._drawn_bias(positions_T, valid_BT, documents_BT, x_BTD.shape[0])
+        else:
+            bias, q_positions = self.self_bias(positions_T, k_positions_S, k_valid_BS, documents_BT), positions_T
         cross_bias = None if cross_mask is None else ops.mask_to_bias(cross_mask)
-        kwargs = dict(rotary=self.positions.rotary, positions=positions_T, enc_BSD=enc_BSD, cross_bias=cross_bias)
+        kwargs = dict(rotary=self.positions.rotary, positions=q_positions, enc_BSD=enc_BSD, cross_bias=cross_bias)
         if documents_BT is not None and self.positions.random_layer_positions is not None:
             raise ValueError("random positions drawn per layer are for unpacked rows")
         layers = []
         for i, block in enumerate(self.blocks):
-            drawn_BT = None if cache is not None else self.positions.layer_positions(*x_BTD.shape[:2], valid_BT)
-            if drawn_BT is not None:  # the `layers` form: this layer's own positions
-                bias = self.self_bias(drawn_BT, drawn_BT, k_valid_BS, documents_BT)
-                kwargs["positions"] = drawn_BT
+            if i and cache is None and self.positions.draws_per_layer:  # this layer's own draw
+                bias, kwargs["positions"] = self._drawn_bias(positions_T, valid_BT, documents_BT, x_BTD.shape[0])
             if cache is None and self.remat:
                 x_BTD, layer = remat_block(block, x_BTD, bias, **kwargs)
             else:

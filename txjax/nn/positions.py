@@ -219,8 +219,9 @@ class Positions(nnx.Module):
         else:
             self.relative = None
         form = None if config.random_positions is None else config.random_positions_form
-        self.random_distances = RandomDistances.of(config, rngs) if form == "distances" else None
+        self.random_distances = RandomDistances.of(config, rngs) if form in ("distances", "layer_distances") else None
         self.random_layer_positions = RandomPositions.of(config, rngs) if form == "layers" else None
+        self.draws_per_layer = form in ("layers", "layer_distances")  # each attention layer its own draw
 
     def embed(self, positions_T: jax.Array) -> jax.Array | None:
         if self.kind == "sinusoidal":
@@ -249,7 +250,7 @@ class Positions(nnx.Module):
         return None
 
     def distances(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:
-        """The random distances of this forward pass ([B, T]), or None when there are none to draw."""
+        """Random distances per offset ([B, T]; the `distances` forms), or None when there are none to draw."""
         return None if self.random_distances is None else self.random_distances(batch, length, valid_BT)
 
     def layer_positions(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:

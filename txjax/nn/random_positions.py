@@ -63,9 +63,9 @@ class RandomPositions(RandomDraw):
 class RandomDistances(RandomDraw):
     """The distance at each offset (`ops.random_distances`) of ALiBi, T5's bias or KERPLE when drawing, else None.
 
-    Owned by a stack's `Positions`, which draws once per forward pass for all its layers (their
-    code draws per layer); positions stay 0..T-1. Packed documents share their
-    row's draw."""
+    Owned by a stack's `Positions`, which draws once per forward pass for all its layers
+    (`distances`) or once per layer (`layer_distances`, their code); positions stay 0..T-1.
+    Packed documents share their row's draw."""
 
     def __call__(self, batch: int, length: int, valid_BT: jax.Array | None = None) -> jax.Array | None:
         """int32 [B, T], or None: distance = offset. valid_BT (False at pads; a row's real tokens

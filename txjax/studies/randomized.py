@@ -7,10 +7,11 @@ As there, one input length is drawn per step (uniform over 1..train_max) and the
 the input followed by one BLANK per output token; its outputs at the BLANKs are the answer
 (`make_model_with_empty_targets`; the tasks and rows: `txjax.studies.randomized_tasks`). Random
 positions are a sorted random subset of [0, max_position) drawn in training and evaluation
-alike, as their code does. Two forms follow their code more closely (`random_positions_form`):
-"distances", its ALiBi (positions stay 0..T-1 and each offset gets a sorted random distance,
-`ops.random_distances`; here also for T5's bias and KERPLE, which their code does not have), and
-"layers", its RoPE (each attention layer draws its own positions).
+alike, as their code does. Other forms follow their code more closely (`random_positions_form`):
+"layer_distances", its ALiBi (positions stay 0..T-1 and each attention layer draws a sorted random
+distance per offset, `ops.random_distances`; "distances" draws once for all layers; both here also
+for T5's bias and KERPLE, which their code does not have), and "layers", its RoPE (each attention
+layer draws its own positions).
 
 Unlike their code, every batch is padded (so XLA compiles one step per padded width, not one per
 length) with the pads masked and each row's random positions drawn as if unpadded
@@ -58,7 +59,7 @@ from txjax.train.loop import fit
 from txjax.train.steps import Stepper, bert_loss, fresh_rngs
 
 RANDOM_SUFFIX = "+random"
-THEIR_FORMS = {"alibi": "distances", "rope": "layers"}  # their code's randomized ALiBi and RoPE; the rest draw positions
+THEIR_FORMS = {"alibi": "layer_distances", "rope": "layers"}  # their code's randomized ALiBi and RoPE; the rest draw positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +82,7 @@ class RandomizedConfig:
     learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias; their code's ALiBi does)
-    random_positions_form: str = "positions"  # BertConfig.random_positions_form for every encoding: "positions", "distances" (a random distance per offset: ALiBi, T5's bias, KERPLE) or "layers" (positions drawn per attention layer); or "theirs": each encoding in their code's form (THEIR_FORMS)
+    random_positions_form: str = "positions"  # BertConfig.random_positions_form for every encoding: "positions", "distances" (a random distance per offset: ALiBi, T5's bias, KERPLE), "layer_distances" (the same, drawn per attention layer) or "layers" (positions drawn per attention layer); or "theirs": each encoding in their code's form (THEIR_FORMS)
     fire_threshold: float = BertConfig.fire_threshold  # FIRE's initial threshold L of its normaliser psi(max(L, i, j))
     fire_learn_threshold: bool = BertConfig.fire_learn_threshold  # FIRE learns L (their code); False: L stays fire_threshold
     fire_c: float = BertConfig.fire_c  # FIRE's initial scale c of psi(x) = log(c x + 1)
