@@ -18,6 +18,7 @@ from txjax.data import IGNORE_INDEX
 from txjax.studies import common, length, randomized
 from txjax.studies.attention_maps import layer_attention
 from txjax.studies.mask_rate import EVAL_RATE, MaskRateConfig, family_data, loss_tokens
+from txjax.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,6 +70,18 @@ def test_mask_rate_config_validation():
         MaskRateConfig(rates="0.15,1.0")
     with pytest.raises(ValueError):
         MaskRateConfig(families="gpt")
+    with pytest.raises(ValueError, match="finetune"):
+        MaskRateConfig(finetune_steps=-1)
+
+
+def test_the_fine_tune_runs_its_steps_at_a_constant_rate_with_trainings_optimizer():
+    from txjax.studies.mask_rate import finetune_config
+    from txjax.train.optim import make_schedule
+
+    train = TrainConfig(learning_rate=3e-3, warmup_steps=100, steps=1200, weight_decay=0.01, b2=0.98)
+    tune = finetune_config(train, MaskRateConfig(finetune_steps=200, finetune_learning_rate=1e-3))
+    assert (tune.steps, tune.weight_decay, tune.b2) == (200, 0.01, 0.98)
+    np.testing.assert_allclose([make_schedule(tune)(s) for s in (0, 100, 199)], 1e-3, rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- attention maps
@@ -168,7 +181,7 @@ def test_mask_rate_script_end_to_end(tmp_path):
     out = tmp_path / "mr"
     # seq_len 64 as in the cpu preset: at 16, T5's length helper cannot fit one span at p = 0.05
     args = [*TINY, "--rates", "0.05,0.5", "--seeds", "1", "--seq_len", "64", "--heldout_examples", "64",
-            "--corpus", "default", "--out_dir", str(out)]
+            "--corpus", "default", "--finetune_steps", "2", "--out_dir", str(out)]
     proc = run_script("mask_rate.py", *args)
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "results.json").read_text())
@@ -177,8 +190,11 @@ def test_mask_rate_script_end_to_end(tmp_path):
     for fam in ("bert", "t5"):  # the held-out task is the same size whatever the training rate
         assert by[(fam, 0.05)]["heldout_tokens"] == by[(fam, 0.5)]["heldout_tokens"]
         assert by[(fam, 0.5)]["predicted_tokens_per_step"] > by[(fam, 0.05)]["predicted_tokens_per_step"]
-        assert all(math.isfinite(by[(fam, r)][k]) for r in (0.05, 0.5) for k in ("heldout_loss", "own_rate_loss"))
-    assert (out / "mask_rate.png").stat().st_size > 0 and "| bert | 0.05 |" in (out / "table.md").read_text()
+        assert all(math.isfinite(by[(fam, r)][k]) for r in (0.05, 0.5)
+                   for k in ("heldout_loss", "own_rate_loss", "finetuned_loss"))
+        assert by[(fam, 0.05)]["finetuned_loss"] != by[(fam, 0.05)]["heldout_loss"]  # two more steps moved it
+    table = (out / "table.md").read_text()
+    assert (out / "mask_rate.png").stat().st_size > 0 and "| bert | 0.05 |" in table and "after fine-tuning" in table
     proc = run_script("mask_rate.py", *args)  # resumes: nothing left to train
     assert proc.returncode == 0 and " seed " not in proc.stdout
     assert len((out / "runs.jsonl").read_text().splitlines()) == 4

@@ -60,6 +60,8 @@ class MaskRateConfig:
     mean_span: float = 3.0  # T5: mean corrupted-span length
     num_sentinels: int = 32  # T5: sentinel ids
     heldout_examples: int = 512  # held-out examples in the fixed 15% task
+    finetune_steps: int = 0  # > 0: each trained model then trains this many steps on the 15% task and is scored on it again (Raffel et al. fine-tune before they score)
+    finetune_learning_rate: float = 1e-3  # constant, no warmup (Raffel et al. fine-tune at a constant 1e-3); the rest of the optimizer as in training
     d_model: int = 64  # D of both families
     num_heads: int = 4  # N
     num_layers: int = 2  # blocks (T5: per stack)
@@ -75,6 +77,8 @@ class MaskRateConfig:
             raise ValueError(f"rates must be in (0, 1), got {self.rates!r}")
         if self.seeds < 1 or self.seq_len < 8 or self.heldout_examples < 1:
             raise ValueError("seeds >= 1, seq_len >= 8 and heldout_examples >= 1 are required")
+        if self.finetune_steps < 0 or self.finetune_learning_rate <= 0:
+            raise ValueError("finetune_steps >= 0 and finetune_learning_rate > 0 are required")
 
     def text_config(self, rate: float) -> TextRunConfig:
         """The txjax.tasks.text settings that build this rate's data."""
@@ -133,6 +137,15 @@ def batches_of(held: dict, size: int = 64) -> list[dict]:
 
 
 RUN_KEY = ("family", "rate", "seed")
+FINETUNE_SEED = 10_000  # offsets the fine-tune's data order and key from training's
+SCORES = ("heldout_loss", "heldout_accuracy", "own_rate_loss", "own_rate_accuracy")
+FINETUNED = ("finetuned_loss", "finetuned_accuracy")  # at 15% after `finetune_steps` more on it
+
+
+def finetune_config(train_cfg: TrainConfig, study: MaskRateConfig) -> TrainConfig:
+    """Training's optimizer for `finetune_steps` at a constant `finetune_learning_rate`."""
+    return dataclasses.replace(train_cfg, steps=max(study.finetune_steps, 1), warmup_steps=0, min_lr_ratio=1.0,
+                               learning_rate=study.finetune_learning_rate)
 
 
 def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
@@ -152,8 +165,9 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                 if family not in families:  # one compile per family
                     model_cls, loss_fn, cfg, held_at, make_batches = family_data(family, study)
                     families[family] = (Stepper(model_cls(cfg), loss_fn, train_cfg), model_cls, cfg, held_at,
-                                        make_batches, batches_of(held_at(EVAL_RATE)))
-                stepper, model_cls, cfg, held_at, make_batches, held15 = families[family]
+                                        make_batches, batches_of(held_at(EVAL_RATE)),
+                                        Stepper(model_cls(cfg), loss_fn, finetune_config(train_cfg, study)))
+                stepper, model_cls, cfg, held_at, make_batches, held15, tuner = families[family]
                 it = make_batches(rate, seed, train_cfg.batch_size)
                 counts = []
 
@@ -170,8 +184,14 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                 r = {"family": family, "rate": rate, "seed": seed, "heldout_loss": ev["loss"],
                      "heldout_accuracy": ev["accuracy"], "heldout_tokens": ev["tokens"],
                      "own_rate_loss": own["loss"], "own_rate_accuracy": own["accuracy"],
-                     "predicted_tokens_per_step": float(np.mean(counts)), "train_loss": summary["train_loss"],
-                     "wall_s": round(time.time() - t0, 1)}
+                     "predicted_tokens_per_step": float(np.mean(counts)), "train_loss": summary["train_loss"]}
+                if study.finetune_steps:  # a fresh optimizer on the trained weights, the 15% task's batches
+                    tuned, _ = fit(tuner, tuner.init_state(state.params),
+                                   iter(make_batches(EVAL_RATE, seed + FINETUNE_SEED, train_cfg.batch_size)),
+                                   key=jax.random.key(seed + FINETUNE_SEED))
+                    ft = tuner.evaluate(tuned.params, held15)
+                    r.update(finetuned_loss=ft["loss"], finetuned_accuracy=ft["accuracy"])
+                r["wall_s"] = round(time.time() - t0, 1)
                 append_jsonl(out / "runs.jsonl", [r])
                 log(f"{family} p={rate:.2f} seed {seed}: held-out@15% loss {r['heldout_loss']:.3f} "
                     f"acc {r['heldout_accuracy']:.3f}; @own p loss {r['own_rate_loss']:.3f} acc "
@@ -188,25 +208,28 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
 
 def summarize(runs: list[dict]) -> list[dict]:
     out = []
+    scores = (*SCORES, *(FINETUNED if any(FINETUNED[0] in r for r in runs) else ()))
     for family in dict.fromkeys(r["family"] for r in runs):
         for rate in dict.fromkeys(r["rate"] for r in runs if r["family"] == family):
             rs = [r for r in runs if r["family"] == family and r["rate"] == rate]
             row = {"family": family, "train_rate": rate, "n_seeds": len(rs)}
-            for k in ("heldout_loss", "heldout_accuracy", "own_rate_loss", "own_rate_accuracy",
-                      "predicted_tokens_per_step", "train_loss"):
-                row[f"{k}_mean"], row[f"{k}_std"], _ = mean_std([r[k] for r in rs])
+            for k in (*scores, "predicted_tokens_per_step", "train_loss"):
+                row[f"{k}_mean"], row[f"{k}_std"], _ = mean_std([r.get(k) for r in rs])
             out.append(row)
     return out
 
 
 def markdown(summary: list[dict]) -> str:
+    """The table; with fine-tuned runs, their scores at 15% as two more columns."""
+    scores = [*SCORES, *(FINETUNED if summary and "finetuned_loss_mean" in summary[0] else ())]
     header = ["family", "train p", "seeds", "held-out loss @15% (nats)", "held-out accuracy @15%",
-              "held-out loss @own p", "held-out accuracy @own p", "predicted tokens / step",
-              "final train loss (at own p)"]
+              "held-out loss @own p", "held-out accuracy @own p",
+              *(["loss @15% after fine-tuning on it", "accuracy @15% after fine-tuning"] if len(scores) > 4 else []),
+              "predicted tokens / step", "final train loss (at own p)"]
     one = lambda r, k: None if r["n_seeds"] == 1 else r[k]  # noqa: E731 - no "± 0" for a single seed
     rows = [[r["family"], f"{r['train_rate']:.2f}", r["n_seeds"]]
             + [fmt_mean_std(r[f"{k}_mean"], one(r, f"{k}_std")) if r[f"{k}_mean"] is not None else "–"
-               for k in ("heldout_loss", "heldout_accuracy", "own_rate_loss", "own_rate_accuracy")]
+               for k in scores]
             + [f"{r['predicted_tokens_per_step_mean']:.0f}", f"{r['train_loss_mean']:.3f}"] for r in summary]
     return ("### Held-out loss and accuracy on one fixed 15% task and at each model's own rate "
             "(mean ± std over seeds; one seed: the value)\n\n" + markdown_table(header, rows))
