@@ -166,7 +166,8 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                     model_cls, loss_fn, cfg, held_at, make_batches = family_data(family, study)
                     families[family] = (Stepper(model_cls(cfg), loss_fn, train_cfg), model_cls, cfg, held_at,
                                         make_batches, batches_of(held_at(EVAL_RATE)),
-                                        Stepper(model_cls(cfg), loss_fn, finetune_config(train_cfg, study)))
+                                        Stepper(model_cls(cfg), loss_fn, finetune_config(train_cfg, study))
+                                        if study.finetune_steps else None)
                 stepper, model_cls, cfg, held_at, make_batches, held15, tuner = families[family]
                 it = make_batches(rate, seed, train_cfg.batch_size)
                 counts = []
@@ -195,8 +196,9 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                 append_jsonl(out / "runs.jsonl", [r])
                 log(f"{family} p={rate:.2f} seed {seed}: held-out@15% loss {r['heldout_loss']:.3f} "
                     f"acc {r['heldout_accuracy']:.3f}; @own p loss {r['own_rate_loss']:.3f} acc "
-                    f"{r['own_rate_accuracy']:.3f}; {r['predicted_tokens_per_step']:.0f} predicted tokens/step "
-                    f"({r['wall_s']:.0f}s)")
+                    f"{r['own_rate_accuracy']:.3f}; {r['predicted_tokens_per_step']:.0f} predicted tokens/step"
+                    + (f"; fine-tuned@15% loss {r['finetuned_loss']:.3f} acc {r['finetuned_accuracy']:.3f}"
+                       if study.finetune_steps else "") + f" ({r['wall_s']:.0f}s)")
     meta = run_metadata({"train": train_cfg, "study": study}, started, revision)
     append_jsonl(out / "parts.jsonl", [meta])
     result = {"runs": unique_runs(read_jsonl(out / "runs.jsonl"), RUN_KEY), "parts": read_jsonl(out / "parts.jsonl"),
