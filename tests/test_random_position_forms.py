@@ -141,6 +141,19 @@ def test_an_encoder_with_t5_or_kerple_distances_draws_them_in_training_and_learn
     assert all(np.isfinite(x).all() and np.abs(x).sum() > 0 for x in jax.tree.leaves(relative))
 
 
+def spy_on(monkeypatch, method: str) -> list:
+    """Every value `Positions.<method>` returns from now on (None, or the draw as an array)."""
+    drawn, original = [], getattr(Positions, method)
+
+    def spy(self, *args):
+        out = original(self, *args)
+        drawn.append(None if out is None else np.asarray(out))
+        return out
+
+    monkeypatch.setattr(Positions, method, spy)
+    return drawn
+
+
 def split(m):
     graphdef, params, rest = nnx.split(m, nnx.Param, ...)
     return lambda key: nnx.merge(graphdef, params, fresh_rngs(rest, key))  # as the train step does
@@ -228,15 +241,7 @@ def test_the_form_is_validated():
 @pytest.mark.parametrize("position", ["alibi", "t5", "kerple"])
 @pytest.mark.parametrize("form, draws", [("distances", 1), ("layer_distances", 3)])
 def test_distances_drawn_once_per_stack_or_once_per_layer_and_none_in_evaluation(position, form, draws, monkeypatch):
-    drawn = []
-    original = Positions.distances
-
-    def spy(self, *args):
-        out = original(self, *args)
-        drawn.append(None if out is None else np.asarray(out))
-        return out
-
-    monkeypatch.setattr(Positions, "distances", spy)
+    drawn = spy_on(monkeypatch, "distances")
     cfg = BertConfig(**{**TINY, "position": position, "num_layers": 3}, random_positions=24, random_positions_form=form)
     m = Bert(cfg, rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 7)), jnp.int32)
@@ -281,15 +286,7 @@ LAYERS = dict(random_positions=24, random_positions_form="layers")
 
 @pytest.mark.parametrize("position", ["rope", "alibi", "t5"])
 def test_every_layer_draws_its_own_positions_while_training_and_none_in_evaluation(position, monkeypatch):
-    drawn = []
-    original = Positions.layer_positions
-
-    def spy(self, *args):
-        out = original(self, *args)
-        drawn.append(None if out is None else np.asarray(out))
-        return out
-
-    monkeypatch.setattr(Positions, "layer_positions", spy)
+    drawn = spy_on(monkeypatch, "layer_positions")
     cfg = BertConfig(**{**TINY, "position": position, "num_layers": 3}, **LAYERS)
     m = Bert(cfg, rngs=nnx.Rngs(0))
     assert m.random_positions is None
