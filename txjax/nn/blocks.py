@@ -225,7 +225,9 @@ class TransformerStack(nnx.Module):
         values written and `index` advanced by T.
         """
         if cache is None:
-            k_positions_S, k_valid_BS = positions_T, valid_BT
+            if documents_BT is not None and self.positions.random_layer_positions is not None:
+                raise ValueError("random positions drawn per layer are for unpacked rows")
+            bias, q_positions = self._drawn_bias(positions_T, valid_BT, documents_BT, x_BTD.shape[0])
             cross_mask = ops.attention_mask(None, None, causal=False, k_valid_BS=enc_valid_BS,
                                             q_documents_BT=documents_BT if enc_documents_BS is not None else None,
                                             k_documents_BS=enc_documents_BS)
@@ -234,16 +236,10 @@ class TransformerStack(nnx.Module):
                 raise ValueError("packed documents are for whole sequences; a cache decodes one sequence per row")
             cache = self._with_new_tokens(cache, x_BTD.shape[1], valid_BT)
             k_positions_S = cache.positions(jnp.arange(cache.max_len, dtype=jnp.int32))
-            k_valid_BS = cache.valid_BS
+            bias, q_positions = self.self_bias(positions_T, k_positions_S, cache.valid_BS, documents_BT), positions_T
             cross_mask = cache.cross_mask
-        if cache is None:
-            bias, q_positions = self._drawn_bias(positions_T, valid_BT, documents_BT, x_BTD.shape[0])
-        else:
-            bias, q_positions = self.self_bias(positions_T, k_positions_S, k_valid_BS, documents_BT), positions_T
         cross_bias = None if cross_mask is None else ops.mask_to_bias(cross_mask)
         kwargs = dict(rotary=self.positions.rotary, positions=q_positions, enc_BSD=enc_BSD, cross_bias=cross_bias)
-        if documents_BT is not None and self.positions.random_layer_positions is not None:
-            raise ValueError("random positions drawn per layer are for unpacked rows")
         layers = []
         for i, block in enumerate(self.blocks):
             if i and cache is None and self.positions.draws_per_layer:  # this layer's own draw

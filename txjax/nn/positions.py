@@ -119,7 +119,7 @@ class FireBias(nnx.Module):
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array, distances_BR: None = None) -> jax.Array:
         """[1 or B, N, T, S]. No random distances: the normaliser reads the query's position, not an offset."""
         if distances_BR is not None:
-            raise ValueError("FIRE has no random_positions_form='distances': its normaliser reads the query's position")
+            raise ValueError("FIRE takes no random distance per offset: its normaliser reads the query's position")
         hidden = (None, None) if self.w1 is None else (self.w1[...], self.b1[...])
         return ops.fire_bias(q_positions, k_positions, *hidden, self.w2[...], self.b2[...], self.scale,
                              self.threshold, directional=self.directional)

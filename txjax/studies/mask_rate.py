@@ -190,7 +190,7 @@ def run_study(train_cfg: TrainConfig, study: MaskRateConfig, log=print) -> dict:
                     tuned, _ = fit(tuner, tuner.init_state(state.params),
                                    iter(make_batches(EVAL_RATE, seed + FINETUNE_SEED, train_cfg.batch_size)),
                                    key=jax.random.key(seed + FINETUNE_SEED))
-                    ft = tuner.evaluate(tuned.params, held15)
+                    ft = stepper.evaluate(tuned.params, held15)  # the same model: training's compiled eval step
                     r.update(finetuned_loss=ft["loss"], finetuned_accuracy=ft["accuracy"])
                 r["wall_s"] = round(time.time() - t0, 1)
                 append_jsonl(out / "runs.jsonl", [r])
