@@ -55,8 +55,8 @@ def test_mask_rate_cpu_preset_is_the_recipe_of_the_bert_and_t5_presets():
     study, train = mask["study"], mask["train"]
     for family in (bert, t5):
         model = family["model"]
-        assert study.size() == dict(d_model=model.d_model, num_heads=model.num_heads,
-                                    num_layers=model.num_layers, d_ff=model.d_ff)
+        assert study.model_kwargs() == dict(d_model=model.d_model, num_heads=model.num_heads,
+                                            num_layers=model.num_layers, d_ff=model.d_ff, dtype="bfloat16")
         assert study.seq_len == family["run"].seq_len
         for field in ("learning_rate", "warmup_steps", "batch_size", "weight_decay"):
             assert getattr(train, field) == getattr(family["train"], field), field
@@ -72,6 +72,16 @@ def test_mask_rate_config_validation():
         MaskRateConfig(families="gpt")
     with pytest.raises(ValueError, match="finetune"):
         MaskRateConfig(finetune_steps=-1)
+    with pytest.raises(ValueError, match="dtype"):
+        MaskRateConfig(dtype="float16")
+
+
+@pytest.mark.parametrize("family", ["bert", "t5"])
+def test_the_study_dtype_is_the_models_compute_dtype(family):
+    for dtype in ("float32", "bfloat16"):
+        _, _, cfg, _, _ = family_data(family, MaskRateConfig(corpus="default", seq_len=32, heldout_examples=8,
+                                                              dtype=dtype))
+        assert cfg.dtype == dtype
 
 
 def test_the_fine_tune_runs_its_steps_at_a_constant_rate_with_trainings_optimizer():

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from txjax import Bert, T5
-from txjax.config import BertConfig, T5Config
+from txjax.config import DTYPES, BertConfig, T5Config
 from txjax.data import BatchIterator, IGNORE_INDEX, pack_tokens
 from txjax.studies.common import (
     append_jsonl,
@@ -66,6 +66,7 @@ class MaskRateConfig:
     num_heads: int = 4  # N
     num_layers: int = 2  # blocks (T5: per stack)
     d_ff: int = 256  # F
+    dtype: str = "float32"  # of both families' matmuls and activations (ModelConfig.dtype); bfloat16 runs them on the CPU's matrix units
     out_dir: str = "docs/results/mask_rate"  # where tables, plot and results.json go
 
     def __post_init__(self):
@@ -79,14 +80,18 @@ class MaskRateConfig:
             raise ValueError("seeds >= 1, seq_len >= 8 and heldout_examples >= 1 are required")
         if self.finetune_steps < 0 or self.finetune_learning_rate <= 0:
             raise ValueError("finetune_steps >= 0 and finetune_learning_rate > 0 are required")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
 
     def text_config(self, rate: float) -> TextRunConfig:
         """The txjax.tasks.text settings that build this rate's data."""
         return TextRunConfig(corpus=self.corpus, seq_len=self.seq_len, mask_rate=rate, mean_span=self.mean_span,
                              num_sentinels=self.num_sentinels, heldout_examples=self.heldout_examples)
 
-    def size(self) -> dict:
-        return dict(d_model=self.d_model, num_heads=self.num_heads, num_layers=self.num_layers, d_ff=self.d_ff)
+    def model_kwargs(self) -> dict:
+        """The fields both families' model configs take from this one."""
+        return dict(d_model=self.d_model, num_heads=self.num_heads, num_layers=self.num_layers, d_ff=self.d_ff,
+                    dtype=self.dtype)
 
 
 def loss_tokens(batch: dict) -> int:
@@ -102,7 +107,7 @@ def family_data(family: str, study: MaskRateConfig):
     eval_cfg = study.text_config(EVAL_RATE)
     if family == "bert":
         tok, train_ids, held_ids, _ = corpus_split(eval_cfg, "bert")
-        cfg = BertConfig(vocab_size=tok.vocab_size, max_len=study.seq_len, pad_id=tok.pad_id, **study.size())
+        cfg = BertConfig(vocab_size=tok.vocab_size, max_len=study.seq_len, pad_id=tok.pad_id, **study.model_kwargs())
         train_rows = bert_rows(train_ids, tok, study.seq_len)
         held_rows = bert_rows(held_ids, tok, study.seq_len)[: study.heldout_examples]
 
@@ -115,7 +120,7 @@ def family_data(family: str, study: MaskRateConfig):
         return Bert, bert_loss, cfg, held_at, make_batches
     tok, train_ids, held_ids, _ = corpus_split(eval_cfg, "t5", study.num_sentinels)
     cfg = T5Config(vocab_size=tok.vocab_size, max_len=study.seq_len, pad_id=tok.pad_id, eos_id=tok.eos_id,
-                   decoder_start_id=tok.pad_id, **study.size())
+                   decoder_start_id=tok.pad_id, **study.model_kwargs())
 
     def held_at(rate):  # a rate's rows are as long as its corrupted inputs fill seq_len
         run_cfg = study.text_config(rate)
