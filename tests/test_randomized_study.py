@@ -310,27 +310,27 @@ def test_band_table_reproduces_a_committed_row():
 
 @pytest.mark.slow
 def test_small_study_learns_writes_and_resumes(tmp_path):
-    study = RandomizedConfig(tasks="reverse_string", positions="rope,learned,kerple", seeds=1, train_max=6,
+    study = RandomizedConfig(tasks="reverse_string", positions="learned,kerple", seeds=1, train_max=6,
                              test_max=10, test_step=2, eval_examples=32, num_layers=2, max_position=64,
                              out_dir=str(tmp_path))
     train = TrainConfig(steps=60, batch_size=32, learning_rate=3e-3, warmup_steps=0, min_lr_ratio=1.0,
                         weight_decay=0.0, progress=False)
     result = run_study(train, study, log=lambda s: None)
     runs = {r["variant"]: r for r in result["runs"]}
-    assert set(runs) == {"rope", "rope+random", "learned", "learned+random", "kerple", "kerple+random"}
-    assert len(runs["kerple"]["kerple_r2"]) == study.num_heads and "kerple_r2" not in runs["rope"]
+    assert set(runs) == {"learned", "learned+random", "kerple", "kerple+random"}
+    assert len(runs["kerple"]["kerple_r2"]) == study.num_heads and "kerple_r2" not in runs["learned"]
     assert runs["learned"]["out_accuracy"] is None  # beyond a plain table: n/a, never clamped
     assert runs["learned+random"]["out_accuracy"] is not None
-    assert sorted(runs["rope"]["accuracy_by_length"], key=int) == [str(n) for n in range(1, 7)] + ["7", "9", "10"]
-    assert runs["rope"]["in_accuracy"] > 0.6  # above the 0.5 of guessing bits: the tape is read
+    assert sorted(runs["kerple"]["accuracy_by_length"], key=int) == [str(n) for n in range(1, 7)] + ["7", "9", "10"]
+    assert runs["kerple"]["in_accuracy"] > 0.6  # above the 0.5 of guessing bits: the tape is read
     for name in ("table.md", "table.csv", "runs.csv", "results.json", "randomized_positions.png"):
         assert (tmp_path / name).exists()
-    assert "| reverse_string | rope | " in (tmp_path / "table.md").read_text().split("by input length")[1]
+    assert "| reverse_string | kerple | " in (tmp_path / "table.md").read_text().split("by input length")[1]
     assert json.loads((tmp_path / "results.json").read_text())["configs"]["study"]["train_max"] == 6
     header = (tmp_path / "runs.csv").read_text().splitlines()[0].split(",")
     assert "in_accuracy" in header and "kerple_r2" not in header  # per-head lists stay in runs.jsonl
     again = run_study(train, study, log=lambda s: None)  # everything is in runs.jsonl: nothing retrains
-    assert len(again["runs"]) == 6 and len(again["parts"]) == 2
+    assert len(again["runs"]) == 4 and len(again["parts"]) == 2
 
 
 def test_the_script_parses_its_presets_and_flags():
