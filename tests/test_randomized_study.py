@@ -126,6 +126,14 @@ def test_a_narrower_padding_trains_the_same_step(variant):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("variant", ["rope", "learned", "t5+random"])
+def test_the_study_dtype_is_the_models_compute_dtype(variant):
+    for dtype in ("float32", "bfloat16"):
+        assert model_config(variant, "reverse_string", RandomizedConfig(dtype=dtype)).dtype == dtype
+    with pytest.raises(ValueError, match="dtype"):
+        RandomizedConfig(dtype="float16")
+
+
 def test_plain_learned_tables_hold_the_training_rows_and_random_ones_all_positions():
     study = RandomizedConfig(max_position=512)
     assert model_config("learned", "duplicate_string", study).max_len == 120

@@ -202,6 +202,14 @@ def test_synthetic_table_counts_seeds_at_the_target():
 
 
 @pytest.mark.parametrize("family", ["gpt", "t5"])
+def test_the_study_dtype_is_the_models_compute_dtype(family):
+    for dtype in ("float32", "bfloat16"):
+        assert synthetic.model_config(family, "rope", synthetic.SyntheticConfig(dtype=dtype)).dtype == dtype
+    with pytest.raises(ValueError, match="dtype"):
+        synthetic.SyntheticConfig(dtype="float16")
+
+
+@pytest.mark.parametrize("family", ["gpt", "t5"])
 def test_synthetic_bucket_options_reach_the_model(family):
     """The bucket cause-test's setting: 96 causal buckets give every distance a copy reads from up
     to length 40 (d = n <= 40; checked to 41) a bucket of its own, where the default 32 share log

@@ -21,12 +21,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from txjax.config import DTYPES
 from txjax.nn.positions import FireBias, KerpleBias
 
 
 def parse_list(text: str, kind: type = str) -> tuple:
     """'a,b, c' -> ('a', 'b', 'c') converted by `kind`; empty items are dropped."""
     return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+
+
+def check_dtype(dtype: str) -> None:
+    """A study's compute dtype, checked when its config is made (before any data is built)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
 
 
 def init_params(model_cls, config, seed: int):

@@ -20,10 +20,11 @@ import jax
 import numpy as np
 
 from txjax import Bert, T5
-from txjax.config import DTYPES, BertConfig, T5Config
+from txjax.config import BertConfig, T5Config
 from txjax.data import BatchIterator, IGNORE_INDEX, pack_tokens
 from txjax.studies.common import (
     append_jsonl,
+    check_dtype,
     done_runs,
     fmt_mean_std,
     git_revision,
@@ -80,8 +81,7 @@ class MaskRateConfig:
             raise ValueError("seeds >= 1, seq_len >= 8 and heldout_examples >= 1 are required")
         if self.finetune_steps < 0 or self.finetune_learning_rate <= 0:
             raise ValueError("finetune_steps >= 0 and finetune_learning_rate > 0 are required")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        check_dtype(self.dtype)
 
     def text_config(self, rate: float) -> TextRunConfig:
         """The txjax.tasks.text settings that build this rate's data."""

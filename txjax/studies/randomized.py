@@ -41,6 +41,7 @@ from txjax.nn.random_positions import RandomDraw
 from txjax.studies.common import (
     append_jsonl,
     bias_learned,
+    check_dtype,
     done_runs,
     git_revision,
     init_params,
@@ -79,6 +80,7 @@ class RandomizedConfig:
     num_layers: int = 5
     d_ff: int = 256
     dropout: float = 0.1
+    dtype: str = "float32"  # of the matmuls and activations (BertConfig.dtype); bfloat16 runs them on the CPU's matrix units
     learned_init_std: float = 1.0  # learned tables: their code's hk.Embed default (truncated normal, std 1); ours is normal
     train_width_multiple: int = 0  # training rows padded to the next multiple of this (0: all to the widest training row)
     directional_bias: bool = False  # ALiBi / FIRE / KERPLE tell keys before the query from keys after it (BertConfig.directional_bias; their code's ALiBi does)
@@ -106,6 +108,7 @@ class RandomizedConfig:
             raise ValueError("need 1 <= train_max < test_max and test_step >= 1")
         if self.seeds < 1 or self.eval_examples < 1 or self.train_width_multiple < 0:
             raise ValueError("seeds >= 1, eval_examples >= 1 and train_width_multiple >= 0 are required")
+        check_dtype(self.dtype)
         absolute = [p for p in parse_list(self.positions) if p in ABSOLUTE_POSITIONS]
         if self.stretch_test_positions and absolute:
             raise ValueError(f"stretch_test_positions would place {absolute} beyond every trained position; "
@@ -166,7 +169,7 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
         random_positions_per_batch=study.random_positions_per_batch,
         fire_threshold=study.fire_threshold, fire_learn_threshold=study.fire_learn_threshold,
         fire_c=study.fire_c, fire_learn_c=study.fire_learn_c, fire_mlp_width=study.fire_mlp_width,
-        kerple_r2_init_scale=study.kerple_r2_init_scale, kerple_positive=study.kerple_positive,
+        kerple_r2_init_scale=study.kerple_r2_init_scale, dtype=study.dtype, kerple_positive=study.kerple_positive,
         kerple_learn_r2=study.kerple_learn_r2, num_buckets=study.t5_num_buckets, max_distance=study.t5_max_distance,
         random_positions_form=(THEIR_FORMS.get(position, "positions") if study.random_positions_form == "theirs"
                                else study.random_positions_form))

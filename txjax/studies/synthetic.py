@@ -28,6 +28,7 @@ from txjax import GPT, T5
 from txjax.config import POSITIONS, GPTConfig, T5Config, positions_for
 from txjax.studies.common import (
     append_jsonl,
+    check_dtype,
     done_runs,
     git_revision,
     init_params,
@@ -82,6 +83,7 @@ class SyntheticConfig:
     num_heads: int = 4  # N
     num_layers: int = 2  # blocks (T5: per stack)
     d_ff: int = 256  # F
+    dtype: str = "float32"  # of the matmuls and activations (ModelConfig.dtype); bfloat16 runs them on the CPU's matrix units
     out_dir: str = "docs/results/synthetic"  # where tables, plot and results.json go
     sinusoidal_scale: bool = True  # sinusoidal runs scale token embeddings by sqrt(D) as Vaswani et al. do (model flag scale_embeddings)
     num_buckets: int = 32  # T5 bias runs: relative-position buckets (the first half exact, then log-spaced)
@@ -99,6 +101,7 @@ class SyntheticConfig:
             raise ValueError("num_symbols >= 2, seeds >= 1, eval_examples >= 1 and check_examples >= 1 are required")
         if self.check_every < 0 or not 0.0 < self.target_exact <= 1.0 or self.prefix_max < 0:
             raise ValueError("check_every >= 0, 0 < target_exact <= 1 and prefix_max >= 0 are required")
+        check_dtype(self.dtype)
         if self.prefix_max and parse_list(self.families) != ("gpt",):
             raise ValueError("prefix_max applies to decoder-only rows: use it with families='gpt'")
 
@@ -112,7 +115,7 @@ def model_config(family: str, position: str, study: SyntheticConfig):
     size = dict(vocab_size=study.vocab_size, d_model=study.d_model, num_heads=study.num_heads,
                 num_layers=study.num_layers, d_ff=study.d_ff, position=position,
                 scale_embeddings=position == "sinusoidal" and study.sinusoidal_scale,
-                num_buckets=study.num_buckets, max_distance=study.max_distance)
+                num_buckets=study.num_buckets, max_distance=study.max_distance, dtype=study.dtype)
     if family == "gpt":
         return GPTConfig(max_len=study.prefix_max + 2 * study.train_max + 2, **size)
     return T5Config(max_len=study.train_max + 1, pad_id=PAD, eos_id=EOS, decoder_start_id=PAD, **size)
