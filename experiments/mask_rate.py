@@ -28,7 +28,7 @@ PRESETS = {
     # 0.55 masked accuracy, T5 0.53 target accuracy): D 128, 3 layers, 64-token rows, B 64, AdamW
     # 3e-3, T5's relative bias at 10x and ByT5's 20-character spans. One step count for both
     # (T5's 1,200; BERT's preset runs 1,300) and BERT's b2 0.98 (T5's preset: 0.95). bfloat16
-    # matmuls: 1.5-1.7x faster steps on a CPU with AMX, the same table within its spread
+    # matmuls: 1.5-1.65x faster steps on a CPU with AMX, the same table within its spread
     # (docs/results/README.md, "The masking rate in bfloat16").
     "cpu": {
         "train": TrainConfig(learning_rate=3e-3, warmup_steps=100, steps=1200, batch_size=64,

@@ -162,14 +162,14 @@ def model_config(variant: str, task: str, study: RandomizedConfig) -> BertConfig
     return BertConfig(
         vocab_size=VOCAB_SIZE, max_len=width(task, study.train_max) if plain_table else study.max_position,
         d_model=study.d_model, num_heads=study.num_heads, num_layers=study.num_layers, d_ff=study.d_ff,
-        activation="relu", dropout=study.dropout, position=position, embedding_norm=False,
+        activation="relu", dropout=study.dropout, dtype=study.dtype, position=position, embedding_norm=False,
         position_init_std=study.learned_init_std, directional_bias=study.directional_bias,
         scale_embeddings=True, type_vocab_size=1, pad_id=PAD,
         random_positions=study.max_position if randomized else None, random_positions_eval=randomized,
         random_positions_per_batch=study.random_positions_per_batch,
         fire_threshold=study.fire_threshold, fire_learn_threshold=study.fire_learn_threshold,
         fire_c=study.fire_c, fire_learn_c=study.fire_learn_c, fire_mlp_width=study.fire_mlp_width,
-        kerple_r2_init_scale=study.kerple_r2_init_scale, dtype=study.dtype, kerple_positive=study.kerple_positive,
+        kerple_r2_init_scale=study.kerple_r2_init_scale, kerple_positive=study.kerple_positive,
         kerple_learn_r2=study.kerple_learn_r2, num_buckets=study.t5_num_buckets, max_distance=study.t5_max_distance,
         random_positions_form=(THEIR_FORMS.get(position, "positions") if study.random_positions_form == "theirs"
                                else study.random_positions_form))
