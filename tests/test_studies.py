@@ -65,6 +65,19 @@ def test_mask_rate_cpu_preset_is_the_recipe_of_the_bert_and_t5_presets():
     assert train.b2 == bert["train"].b2 and study.seeds == 3
 
 
+@pytest.mark.parametrize("script,group", [("mask_rate.py", "study"), ("synthetic_tasks.py", "study"),
+                                          ("randomized_positions.py", "study"), ("length_extrapolation.py", "model")])
+def test_every_study_cpu_preset_computes_in_bfloat16_and_float32_is_one_flag(script, group):
+    """docs/results/README.md, "The studies in bfloat16": the four cpu presets rerun in bfloat16."""
+    from txjax.train.cli import parse_configs
+
+    module = load_script(script)
+    _, cfg = parse_configs(module.make_parser, module.PRESETS, [], "cpu")
+    assert cfg[group].dtype == "bfloat16"
+    _, cfg = parse_configs(module.make_parser, module.PRESETS, ["--dtype", "float32"], "cpu")
+    assert cfg[group].dtype == "float32"
+
+
 def test_mask_rate_config_validation():
     with pytest.raises(ValueError):
         MaskRateConfig(rates="0.15,1.0")
