@@ -17,6 +17,7 @@ from txjax.config import GPTConfig
 from txjax.studies.length import LengthStudyConfig, run_study
 from txjax.train.cli import build_parser, parse_configs
 from txjax.train.config import TrainConfig
+from txjax.train.experiment import cpu_compute_dtype
 
 PRESETS = {
     # Sized for one accelerator: 6 layers, D 384, context 256 (evaluated up to 4096).
@@ -30,14 +31,15 @@ PRESETS = {
     # Sized for 2 idle CPU cores: 9 encodings and rope with random positions x 3 seeds, 6,000 steps of
     # 32 x 64 characters each (rope reaches 2.006 bits/char at 1x, 0.11-0.14 from the same model trained
     # to convergence: docs/results/README.md, "trained near convergence"); each rope and xpos model also scored
-    # with linear, NTK and YaRN scaling. bfloat16 matmuls: ~1.3x faster steps on a CPU with AMX, the
-    # float32 table within its spread (docs/results/README.md, "The studies in bfloat16").
+    # with linear, NTK and YaRN scaling. bfloat16 matmuls where the CPU has bfloat16 dot
+    # instructions (~1.3x faster steps with AMX, the same table: docs/results/README.md, "The studies
+    # in bfloat16"), float32 elsewhere.
     "cpu": {
         # max_distance: the T5 bias's offsets beyond it share one bucket. With 64-character training
         # windows the buckets for offsets 64..128 are never trained (docs/results); stated here so a
         # run chooses it (--max_distance 64 ties it to the window).
         "model": GPTConfig(d_model=64, num_heads=4, num_layers=2, d_ff=256, max_distance=128,
-                           dtype="bfloat16"),
+                           dtype=cpu_compute_dtype()[0]),
         "train": TrainConfig(learning_rate=3e-3, warmup_steps=100, steps=6000, batch_size=32,
                              weight_decay=0.01, progress=False),
         "study": LengthStudyConfig(randomized="rope", rope_scalings="linear,ntk,yarn"),

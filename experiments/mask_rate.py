@@ -15,6 +15,7 @@ from _local_data import or_local  # experiments/_local_data.py: ../shared/data b
 from txjax.studies.mask_rate import MaskRateConfig, run_study
 from txjax.train.cli import build_parser, parse_configs
 from txjax.train.config import TrainConfig
+from txjax.train.experiment import cpu_compute_dtype
 
 PRESETS = {
     # Sized for one accelerator (not yet run on one).
@@ -28,13 +29,13 @@ PRESETS = {
     # 0.55 masked accuracy, T5 0.53 target accuracy): D 128, 3 layers, 64-token rows, B 64, AdamW
     # 3e-3, T5's relative bias at 10x and ByT5's 20-character spans. One step count for both
     # (T5's 1,200; BERT's preset runs 1,300) and BERT's b2 0.98 (T5's preset: 0.95). bfloat16
-    # matmuls: 1.5-1.65x faster steps on a CPU with AMX, the same table within its spread
-    # (docs/results/README.md, "The masking rate in bfloat16").
+    # matmuls where the CPU has bfloat16 dot instructions (1.5-1.65x faster steps with AMX, the same
+    # table within its spread: docs/results/README.md, "The masking rate in bfloat16"), float32 elsewhere.
     "cpu": {
         "train": TrainConfig(learning_rate=3e-3, warmup_steps=100, steps=1200, batch_size=64,
                              weight_decay=0.01, b2=0.98, relative_bias_lr_multiplier=10.0, progress=False),
         "study": MaskRateConfig(seq_len=64, mean_span=20.0, d_model=128, num_heads=4, num_layers=3, d_ff=512,
-                                dtype="bfloat16"),
+                                dtype=cpu_compute_dtype()[0]),
     },
 }
 

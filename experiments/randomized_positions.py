@@ -16,6 +16,7 @@ import sys
 from txjax.studies.randomized import RandomizedConfig, run_study
 from txjax.train.cli import build_parser, parse_configs
 from txjax.train.config import TrainConfig
+from txjax.train.experiment import cpu_compute_dtype
 
 # The paper's optimizer: optax.adam at a constant 1e-3 (its default betas 0.9, 0.999), gradients
 # clipped to norm 1, no weight decay.
@@ -36,12 +37,13 @@ PRESETS = {
     # multiples of 8. Its 36 runs took 64 core-minutes (32 min on two cores) on an idle 2-core AMX
     # Xeon (2026-12-05; docs/results/README.md, "How they were run"). The committed
     # docs/results/randomized_positions/ table padded every row to the widest: --train_width_multiple 0.
-    # bfloat16 matmuls: ~1.3x faster steps with AMX (docs/results/README.md, "The studies in bfloat16").
+    # bfloat16 matmuls where the CPU has bfloat16 dot instructions (~1.3x faster steps with AMX, the
+    # same table: docs/results/README.md, "The studies in bfloat16"), float32 elsewhere.
     "cpu": {
         "train": TrainConfig(steps=2_000, batch_size=32, **PAPER_OPTIMIZER),
         "study": RandomizedConfig(tasks="reverse_string,parity_check,modular_arithmetic",
                                   positions="rope,sinusoidal", train_width_multiple=8,
-                                  dtype="bfloat16"),
+                                  dtype=cpu_compute_dtype()[0]),
     },
 }
 

@@ -16,6 +16,7 @@ import sys
 from txjax.studies.synthetic import SyntheticConfig, run_study
 from txjax.train.cli import build_parser, parse_configs
 from txjax.train.config import TrainConfig
+from txjax.train.experiment import cpu_compute_dtype
 
 PRESETS = {
     # Sized for one accelerator: wider models, a longer budget (not yet run on one).
@@ -26,11 +27,12 @@ PRESETS = {
                                  out_dir="runs/synthetic"),
     },
     # Sized for 2 idle CPU cores: each run stops once it reaches 95% in distribution, else at 3,000 steps.
-    # bfloat16 matmuls: ~1.3x faster steps with AMX (docs/results/README.md, "The studies in bfloat16").
+    # bfloat16 matmuls where the CPU has bfloat16 dot instructions (~1.3x faster steps with AMX, the
+    # same table: docs/results/README.md, "The studies in bfloat16"), float32 elsewhere.
     "cpu": {
         "train": TrainConfig(learning_rate=3e-3, warmup_steps=50, steps=3000, batch_size=32,
                              weight_decay=0.01, progress=False),
-        "study": SyntheticConfig(dtype="bfloat16"),
+        "study": SyntheticConfig(dtype=cpu_compute_dtype()[0]),
     },
 }
 
