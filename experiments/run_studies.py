@@ -23,27 +23,25 @@ from txjax.studies.schedule import run_parts
 
 HERE = Path(__file__).resolve().parent
 
-# (study, extra arguments), longest first by the core-seconds measured on 2026-12-04 on an AVX2
-# machine (in brackets; docs/results/README.md, "How they were run"): parts start in this order, so
-# the workers end close together. The randomized parts pad rows to multiples of 8 since 2026-12-05;
-# their second number is the core-seconds of that padding on the slower AMX machine (~37
-# core-minutes in all, estimated for the AVX2 one). The sum, ~250 core-minutes there, is ~2.1 h on
-# two cores. The masking rate's parts compute in bfloat16 since 2026-12-06: 3,003 and 2,162
-# core-seconds on the AMX machine that day.
+# (study, extra arguments), longest first: parts start in this order, so the workers end close
+# together. In brackets the core-seconds of the whole run of 2026-12-07 (bfloat16, idle 2-core
+# AMX Xeon, at 6199908): 265 core-minutes, 134.4 min of wall time (docs/results/README.md, "The
+# studies in bfloat16", in the order before, which put BERT's part fourth); two cores need at
+# least 132.4 min for them, this order 132.7.
 PARTS = [
-    ("mask_rate", "--families t5"),  # 2,679
-    ("synthetic_tasks", "--families gpt"),  # 2,084
-    ("synthetic_tasks", "--families t5"),  # 2,027
-    ("mask_rate", "--families bert"),  # 1,747
-    ("length_extrapolation", "--positions none,fire,kerple"),  # 1,170
-    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions rope"),  # 1,037; 981
-    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions sinusoidal"),  # 1,030; 936
-    ("length_extrapolation", "--positions rope"),  # 1,006: with rope+random and the three scalings
-    ("randomized_positions", "--tasks reverse_string --positions rope"),  # 934; 956
-    ("randomized_positions", "--tasks reverse_string --positions sinusoidal"),  # 923; 942
-    ("length_extrapolation", "--positions t5,alibi"),  # 751
-    ("length_extrapolation", "--positions learned,sinusoidal"),  # 701
-    ("length_extrapolation", "--positions xpos"),  # 398
+    ("mask_rate", "--families t5"),  # 3,119
+    ("mask_rate", "--families bert"),  # 2,136
+    ("synthetic_tasks", "--families gpt"),  # 2,034
+    ("synthetic_tasks", "--families t5"),  # 1,942
+    ("length_extrapolation", "--positions none,fire,kerple"),  # 1,219
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions rope"),  # 782
+    ("length_extrapolation", "--positions rope"),  # 780: with rope+random and the three scalings
+    ("randomized_positions", "--tasks reverse_string --positions rope"),  # 734
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions sinusoidal"),  # 726
+    ("randomized_positions", "--tasks reverse_string --positions sinusoidal"),  # 681
+    ("length_extrapolation", "--positions t5,alibi"),  # 675
+    ("length_extrapolation", "--positions learned,sinusoidal"),  # 671
+    ("length_extrapolation", "--positions xpos"),  # 392
 ]
 STUDIES = tuple(dict.fromkeys(s for s, _ in PARTS))
 
