@@ -27,10 +27,13 @@ def test_transpose_is_the_exact_transpose(k, m, dtype, jit):
                                   np.asarray(x, np.float32).T.view(np.uint32))
 
 
-@pytest.mark.parametrize("shape", [(6304, 128), (1000, 600), (3, 5000)])
-def test_transpose_of_large_arrays_split_over_threads(shape):
-    x = jnp.asarray(np.random.default_rng(0).standard_normal(shape), jnp.float32)
-    np.testing.assert_array_equal(jax.jit(cpu_kernels.transpose)(x), np.asarray(x).T)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape", [(6304, 128), (1000, 600), (3, 5000), (4099, 131)])
+def test_transpose_of_large_arrays_split_over_threads(shape, dtype):
+    """Strips of 64 rows over the pool, 16 x 16 tiles inside them, and the edges of both."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal(shape), dtype)
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu_kernels.transpose)(x), np.float32),
+                                  np.asarray(x, np.float32).T)
 
 
 def test_transpose_refuses_what_it_does_not_handle():

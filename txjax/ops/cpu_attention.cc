@@ -6,6 +6,7 @@
 // `causal`, only the lower triangle is computed. The backward pass recomputes the weights from the
 // saved log-sum-exp (as FlashAttention does).
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -147,30 +148,66 @@ template <> inline bf16 from_f32<bf16>(float x) {
   return {(uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16)};
 }
 
+// 16 elements of T as floats, and back (rounded as from_f32 rounds): exact conversions, so the
+// vectors give each element the value the scalar code gives it. Lanes<T>: 16 of T's bits.
+template <typename T> struct Lanes;
+template <> struct Lanes<float> { typedef u32x16 type; };
+template <> struct Lanes<bf16> { typedef u16x16 type; };
+static inline v16 to_f32(u32x16 u) { v16 f; std::memcpy(&f, &u, 64); return f; }
+static inline v16 to_f32(u16x16 b) { return to_f32(__builtin_convertvector(b, u32x16) << 16); }
+template <typename T> static inline v16 load16(const T* x) {
+  typename Lanes<T>::type b;
+  std::memcpy(&b, x, sizeof b);
+  return to_f32(b);
+}
+static inline void store16(float* y, v16 v) { store(y, v); }
+static inline void store16(bf16* y, v16 v) {
+  u32x16 u;
+  std::memcpy(&u, &v, 64);
+  u32x16 r = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  u16x16 b = __builtin_convertvector(r, u16x16);
+  std::memcpy(y, &b, sizeof b);
+}
+
 // Head `n` of x [rows, heads, H] into out [rows, Hp] (times mult), or transposed into [Hp, ld].
 template <typename T>
 static void gather(const T* x, int rows, int heads, int H, int n, float mult, float* out, int Hp) {
-  for (int t = 0; t < rows; ++t)
-    for (int h = 0; h < H; ++h) out[t * Hp + h] = to_f32(x[((long)t * heads + n) * H + h]) * mult;
+  for (int t = 0; t < rows; ++t) {
+    const T* row = x + ((long)t * heads + n) * H;
+    int h = 0;
+    for (; h + 16 <= H; h += 16) store(out + t * Hp + h, load16(row + h) * splat(mult));
+    for (; h < H; ++h) out[t * Hp + h] = to_f32(row[h]) * mult;
+  }
 }
 // 16 rows at a time, so that each store fills a cache line of out (one per h) while the 16 rows
-// read stay in L1: row by row, every store would touch a different line.
+// read stay in L1: row by row, every store would touch a different line. Whole 16 x 16 tiles are
+// transposed in registers.
 template <typename T>
 static void gather_t(const T* x, int rows, int heads, int H, int n, float* out, long ld) {
+  typedef typename Lanes<T>::type V;
   for (int t0 = 0; t0 < rows; t0 += 16) {
-    int r = std::min(16, rows - t0);
-    for (int h = 0; h < H; ++h)
+    int r = std::min(16, rows - t0), h16 = r == 16 ? H / 16 * 16 : 0;
+    for (int h0 = 0; h0 < h16; h0 += 16) {
+      V cols[16];
+      tile16_columns((const typename std::conditional<sizeof(T) == 2, uint16_t, uint32_t>::type*)
+                         (x + ((long)t0 * heads + n) * H + h0), (long)heads * H, cols);
+      for (int i = 0; i < 16; ++i) store(out + (h0 + i) * ld + t0, to_f32(cols[i]));
+    }
+    for (int h = h16; h < H; ++h)
       for (int t = t0; t < t0 + r; ++t) out[h * ld + t] = to_f32(x[((long)t * heads + n) * H + h]);
   }
 }
 // in [rows, Hp] (times mult) into head n of x [rows, heads, H], written or added (in T).
 template <typename T>
 static void scatter(const float* in, int rows, int heads, int H, int n, float mult, T* x, int Hp, bool add) {
-  for (int t = 0; t < rows; ++t)
-    for (int h = 0; h < H; ++h) {
-      T& y = x[((long)t * heads + n) * H + h];
-      y = from_f32<T>((add ? to_f32(y) : 0.f) + in[t * Hp + h] * mult);
-    }
+  for (int t = 0; t < rows; ++t) {
+    T* row = x + ((long)t * heads + n) * H;
+    const float* i = in + t * Hp;
+    int h = 0;
+    for (; h + 16 <= H; h += 16)
+      store16(row + h, (add ? load16(row + h) : splat(0.f)) + load(i + h) * splat(mult));
+    for (; h < H; ++h) row[h] = from_f32<T>((add ? to_f32(row[h]) : 0.f) + i[h] * mult);
+  }
 }
 
 // Number of keys row t may see before the bias: all S, or t + S - T + 1 when causal.

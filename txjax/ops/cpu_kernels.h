@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -23,26 +24,67 @@ static inline void store(float* p, v16 v) { std::memcpy(p, &v, 64); }
 static inline v16 splat(float x) { return v16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 static inline int round16(int x) { return (x + 15) / 16 * 16; }
 
-// The sum and the maximum of a vector's lanes, as a tree of halves (the compiler's lane extracts):
-// four dependent steps instead of fifteen.
+// The sum and the maximum of a vector's lanes, as a tree of halves: four dependent steps instead of
+// fifteen. The halves are taken by shuffles, which stay in registers (a copy through memory stalls
+// each row of a softmax on the store).
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
-template <typename Half, typename V, typename F>
-static inline Half fold(V v, F f) {
-  Half lo, hi;
-  std::memcpy(&lo, &v, sizeof lo);
-  std::memcpy(&hi, (const char*)&v + sizeof lo, sizeof hi);
-  return f(lo, hi);
+template <typename F>
+static inline v4 fold(v16 v, F f) {
+  v8 x = f(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+  return f(__builtin_shufflevector(x, x, 0, 1, 2, 3), __builtin_shufflevector(x, x, 4, 5, 6, 7));
 }
 static inline float hsum(v16 v) {
   auto add = [](auto a, auto b) { return a + b; };
-  v4 x = fold<v4>(fold<v8>(v, add), add);
+  v4 x = fold(v, add);
   return (x[0] + x[2]) + (x[1] + x[3]);
 }
 static inline float hmax(v16 v) {
   auto max = [](auto a, auto b) { return a > b ? a : b; };
-  v4 x = fold<v4>(fold<v8>(v, max), max);
+  v4 x = fold(v, max);
   return std::max(std::max(x[0], x[2]), std::max(x[1], x[3]));
+}
+
+// 16 lanes of 2- or 4-byte elements: one 16 x 16 tile is 16 of them.
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+// One step of the tile transpose, for rows a (bit S of the row index 0) and c = the row S below:
+// the lanes whose bit S is 1 in a trade places with the lanes whose bit S is 0 in c, that is,
+// bit S of the row index is swapped with bit S of the column index. Four steps (S = 1, 2, 4, 8)
+// swap them all: 64 shuffles for 256 elements, where an element-wise loop reads with a stride.
+template <int S, typename V, size_t... L>
+static inline void swap_bit(V& a, V& c, std::index_sequence<L...>) {
+  V lo = __builtin_shufflevector(a, c, ((L & S) ? 16 + L - S : L)...);
+  V hi = __builtin_shufflevector(a, c, ((L & S) ? 16 + L : L + S)...);
+  a = lo;
+  c = hi;
+}
+
+template <int S, typename V>
+static inline void swap_bits(V* r) {
+  for (int i = 0; i < 16; ++i)
+    if (!(i & S)) swap_bit<S>(r[i], r[i + S], std::make_index_sequence<16>());
+}
+
+// The 16 x 16 tile at x (rows ldx apart) transposed in registers: r[i] = column i, V the 16-lane
+// vector of T.
+template <typename V, typename T>
+static inline void tile16_columns(const T* x, long ldx, V* r) {
+  for (int i = 0; i < 16; ++i) std::memcpy(&r[i], x + i * ldx, sizeof(V));
+  swap_bits<1>(r);
+  swap_bits<2>(r);
+  swap_bits<4>(r);
+  swap_bits<8>(r);
+}
+
+// The 16 x 16 tile at y (rows ldy apart) = the one at x (rows ldx apart), transposed.
+template <typename V, typename T>
+static inline void tile16(const T* x, long ldx, T* y, long ldy) {
+  V r[16];
+  tile16_columns(x, ldx, r);
+  for (int i = 0; i < 16; ++i) std::memcpy(y + i * ldy, &r[i], sizeof(V));
 }
 
 // Calls work(state, i) for every i in [0, items) on the caller and the pool's threads, each thread
