@@ -213,9 +213,10 @@ def test_without_a_compiler_auto_falls_back_with_a_warning(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="builds for the x86-64 baseline")
 def test_the_kernels_built_for_the_x86_64_baseline_match_the_reference(tmp_path):
-    """The kernels are GCC vector code, built with -march=native for the CPU they run on. Built
-    instead for the x86-64 baseline (SSE2: 128-bit vectors and no FMA, so other roundings than
-    this machine's), they still pass these checks: what a CPU without AVX-512 or AVX2 computes.
+    """The kernels (attention, norms, transpose) are GCC vector code, built with -march=native for
+    the CPU they run on. Built instead for the x86-64 baseline (SSE2: 128-bit vectors and no FMA,
+    so other roundings than this machine's), they still pass these checks: what a CPU without
+    AVX-512 or AVX2 computes.
     A fresh process with an empty cache and a $CXX that swaps the -march flag."""
     log = tmp_path / "compiler_args"
     wrapper = tmp_path / "cxx"
@@ -231,6 +232,9 @@ def test_the_kernels_built_for_the_x86_64_baseline_match_the_reference(tmp_path)
             "t.test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(4)\n"
             "k.test_transpose_of_large_arrays_split_over_threads((1000, 600), k.jnp.float32)\n"
             "k.test_transpose_of_large_arrays_split_over_threads((4099, 131), k.jnp.bfloat16)\n"
+            "import test_cpu_norm as nm\n"
+            "for case in [((3, 37), nm.jnp.float32, 'layer', True, True), ((2, 5, 80), nm.jnp.bfloat16, 'rms', False, False)]:\n"
+            "    nm._check(*case)\n"
             "print('checked')\n") % str(Path(__file__).parent)
     env = {**os.environ, "CXX": str(wrapper), "XDG_CACHE_HOME": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)

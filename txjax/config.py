@@ -39,6 +39,7 @@ DTYPES = ("float32", "bfloat16")
 INITS = ("normal", "t5")  # TransformerConfig.init: see txjax.nn.layers.kernel_init
 GRAD_FORMS = ("auto", "autodiff", "xla_cpu")
 ATTENTION_IMPLS = ("auto", *IMPLEMENTATIONS)
+NORM_IMPLS = ("auto", "reference", "cpu_fused")
 BERT_HEADS = ("mlm", "pooler", "none")  # BertConfig.head: what sits on the encoder
 
 
@@ -66,9 +67,11 @@ class ExecutionConfig:
     causal_block_size: int | None = 64  # causal self-attention in query blocks of ~this size that skip the masked keys above the diagonal; None: one block (cudnn: never blocked, its kernel skips them itself)
     remat: bool = False  # recompute each block's activations in the backward pass (gradient checkpointing)
     grad_forms: str = "auto"  # float32 and bfloat16 matmuls: "xla_cpu" (txjax.ops.xla_cpu, the forms fast on XLA:CPU), "autodiff" (the plain ops), or "auto": xla_cpu when JAX's default backend is the CPU
+    norm_impl: str = "auto"  # layer and RMS norms: "reference" (txjax.ops), "cpu_fused" (txjax.ops.cpu_norm), or "auto": cpu_fused on the CPU where its kernel builds, else reference
 
     def __post_init__(self):
-        for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("grad_forms", GRAD_FORMS)):
+        for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("grad_forms", GRAD_FORMS),
+                              ("norm_impl", NORM_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ExecutionConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
         if self.causal_block_size is not None and (not _is_int(self.causal_block_size) or self.causal_block_size < 1):
@@ -78,6 +81,12 @@ class ExecutionConfig:
         """The attention implementation on `backend` (jax.default_backend()), "auto" resolved."""
         if self.attention_impl != "auto":
             return self.attention_impl
+        return "cpu_fused" if backend == "cpu" and cpu_kernels.available() else "reference"
+
+    def norm(self, backend: str) -> str:
+        """The norms' implementation on `backend` (jax.default_backend()), "auto" resolved."""
+        if self.norm_impl != "auto":
+            return self.norm_impl
         return "cpu_fused" if backend == "cpu" and cpu_kernels.available() else "reference"
 
     def xla_cpu_grads(self, backend: str) -> bool:

@@ -25,7 +25,7 @@ class MLMHead(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs, execution: ExecutionConfig):
         self.activation = config.activation
         self.dense = Dense(config.d_model, config.d_model, **dense_kwargs(config, execution, rngs, use_bias=True))
-        self.norm = make_norm(config)
+        self.norm = make_norm(config, execution)
         self.bias = nnx.Param(jnp.zeros((config.vocab_size,)))
 
     def __call__(self, h_BTD: jax.Array, embed: Embed) -> jax.Array:
@@ -49,7 +49,7 @@ class Bert(Model):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         super().__init__(config, rngs, execution)
         self.segments = Embed(config.type_vocab_size, config.d_model, rngs=rngs, dtype=config.dtype)
-        self.embed_norm = make_norm(config) if config.embedding_norm else None
+        self.embed_norm = make_norm(config, self.execution) if config.embedding_norm else None
         self.encoder = TransformerStack(config, config.num_layers, causal=False, cross=False, rngs=rngs,
                                         execution=self.execution)
         self.mlm = MLMHead(config, rngs=rngs, execution=self.execution) if config.head == "mlm" else None

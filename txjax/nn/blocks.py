@@ -82,11 +82,11 @@ class TransformerBlock(nnx.Module):
         self.causal_block_size = (execution.causal_block_size
                                   if causal and execution.attention_impl != "cudnn" else None)
         self.self_attn = MultiHeadAttention(config, rngs=rngs, execution=execution)
-        self.self_norm = make_norm(config)
+        self.self_norm = make_norm(config, execution)
         self.cross_attn = MultiHeadAttention(config, rngs=rngs, execution=execution) if cross else None
-        self.cross_norm = make_norm(config) if cross else None
+        self.cross_norm = make_norm(config, execution) if cross else None
         self.ffn = FeedForward(config, rngs=rngs, execution=execution)
-        self.ffn_norm = make_norm(config)
+        self.ffn_norm = make_norm(config, execution)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
     def _residual(self, x_BTD, norm, branch):
@@ -162,7 +162,7 @@ class TransformerStack(nnx.Module):
             TransformerBlock(config, cross=cross, causal=causal, rngs=rngs, execution=execution)
             for _ in range(num_layers)
         ])
-        self.final_norm = make_norm(config) if config.norm_position == "pre" else None
+        self.final_norm = make_norm(config, execution) if config.norm_position == "pre" else None
 
     def _with_new_tokens(self, cache: KVCache, t: int, valid_BT: jax.Array | None) -> KVCache:
         """The cache with the validity of T new tokens at slots index .. index + T - 1 (left

@@ -9,7 +9,7 @@ from flax import nnx
 
 from txjax import ops
 from txjax.config import ExecutionConfig, TransformerConfig
-from txjax.ops import xla_cpu
+from txjax.ops import cpu_norm, xla_cpu
 from txjax.ops.checks import is_concrete  # noqa: F401 (nn's modules import it from here)
 
 INIT = nnx.initializers.normal(stddev=0.02)
@@ -87,22 +87,28 @@ class Embed(nnx.Module):
 
 
 class LayerNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
-        self.eps = eps
+    """`ops.layer_norm`; `fused`: by the CPU kernel (`ops.cpu_norm`), the same math."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, fused: bool = False):
+        self.eps, self.fused = eps, fused
         self.scale = nnx.Param(jnp.ones((dim,)))
         self.bias = nnx.Param(jnp.zeros((dim,)))
 
     def __call__(self, x):
-        return ops.layer_norm(x, self.scale[...], self.bias[...], self.eps)
+        norm = cpu_norm.layer_norm if self.fused else ops.layer_norm
+        return norm(x, self.scale[...], self.bias[...], self.eps)
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        self.eps = eps
+    """`ops.rms_norm`; `fused`: by the CPU kernel (`ops.cpu_norm`), the same math."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, fused: bool = False):
+        self.eps, self.fused = eps, fused
         self.scale = nnx.Param(jnp.ones((dim,)))
 
     def __call__(self, x):
-        return ops.rms_norm(x, self.scale[...], self.eps)
+        norm = cpu_norm.rms_norm if self.fused else ops.rms_norm
+        return norm(x, self.scale[...], self.eps)
 
 
 def check_width(x: jax.Array, width: int, name: str) -> None:
@@ -111,9 +117,9 @@ def check_width(x: jax.Array, width: int, name: str) -> None:
         raise ValueError(f"{name} expects [B, T, {width}], got shape {x.shape}")
 
 
-def make_norm(config: TransformerConfig) -> LayerNorm | RMSNorm:
+def make_norm(config: TransformerConfig, execution: ExecutionConfig = ExecutionConfig()) -> LayerNorm | RMSNorm:
     cls = LayerNorm if config.norm == "layer" else RMSNorm
-    return cls(config.d_model, config.norm_eps)
+    return cls(config.d_model, config.norm_eps, fused=execution.norm(jax.default_backend()) == "cpu_fused")
 
 
 class Dense(nnx.Linear):

@@ -129,46 +129,6 @@ struct Scratch {
   }
 };
 
-// q, k, v, the output and their gradients are float32 or bfloat16 (its bits); the work is float32.
-struct bf16 { uint16_t bits; };
-static inline float to_f32(float x) { return x; }
-static inline float to_f32(bf16 x) {
-  uint32_t u = (uint32_t)x.bits << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-// x rounded to T: to nearest, ties to even, NaN kept (as XLA's convert).
-template <typename T> static inline T from_f32(float x);
-template <> inline float from_f32<float>(float x) { return x; }
-template <> inline bf16 from_f32<bf16>(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40)};
-  return {(uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16)};
-}
-
-// 16 elements of T as floats, and back (rounded as from_f32 rounds): exact conversions, so the
-// vectors give each element the value the scalar code gives it. Lanes<T>: 16 of T's bits.
-template <typename T> struct Lanes;
-template <> struct Lanes<float> { typedef u32x16 type; };
-template <> struct Lanes<bf16> { typedef u16x16 type; };
-static inline v16 to_f32(u32x16 u) { v16 f; std::memcpy(&f, &u, 64); return f; }
-static inline v16 to_f32(u16x16 b) { return to_f32(__builtin_convertvector(b, u32x16) << 16); }
-template <typename T> static inline v16 load16(const T* x) {
-  typename Lanes<T>::type b;
-  std::memcpy(&b, x, sizeof b);
-  return to_f32(b);
-}
-static inline void store16(float* y, v16 v) { store(y, v); }
-static inline void store16(bf16* y, v16 v) {
-  u32x16 u;
-  std::memcpy(&u, &v, 64);
-  u32x16 r = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  u16x16 b = __builtin_convertvector(r, u16x16);
-  std::memcpy(y, &b, sizeof b);
-}
-
 // Head `n` of x [rows, heads, H] into out [rows, Hp] (times mult), or transposed into [Hp, ld].
 template <typename T>
 static void gather(const T* x, int rows, int heads, int H, int n, float mult, float* out, int Hp) {
@@ -336,22 +296,12 @@ static const float* bias_at(ffi::Buffer<ffi::F32> bias, int32_t has_bias, const 
 template <typename T> static const T* in(ffi::AnyBuffer x) { return (const T*)x.untyped_data(); }
 template <typename T> static T* out_of(ffi::Result<ffi::AnyBuffer>& x) { return (T*)x->untyped_data(); }
 
-// Calls run(T{}) with T the C++ type of q's elements (float or bf16).
-template <typename Run>
-static ffi::Error by_dtype(ffi::AnyBuffer q, Run run) {
-  switch (q.element_type()) {
-    case ffi::DataType::F32: run(float{}); return ffi::Error::Success();
-    case ffi::DataType::BF16: run(bf16{}); return ffi::Error::Success();
-    default: return ffi::Error::InvalidArgument("txjax attention: q, k, v must be float32 or bfloat16");
-  }
-}
-
 static ffi::Error forward(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                           ffi::Buffer<ffi::F32> bias, float scale, int32_t causal, int32_t has_bias,
                           ffi::Result<ffi::AnyBuffer> out, ffi::ResultBuffer<ffi::F32> lse) {
   const Dims dm = dims_of(q, k, bias, scale, causal, has_bias);
   const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H;
-  return by_dtype(q, [&](auto type) {
+  return by_dtype(q, "txjax attention: q, k, v", [&](auto type) {
     using T = decltype(type);
     parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
       forward_head(w, dm, in<T>(q) + b * qs, in<T>(k) + b * ks, in<T>(v) + b * ks, bias_at(bias, has_bias, dm, b, n),
@@ -367,7 +317,7 @@ static ffi::Error backward(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
                            ffi::Result<ffi::AnyBuffer> dv, ffi::ResultBuffer<ffi::F32> dbias) {
   const Dims dm = dims_of(q, k, bias, scale, causal, has_bias);
   const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H, ts = (long)dm.T * dm.S;
-  return by_dtype(q, [&](auto type) {
+  return by_dtype(q, "txjax attention: q, k, v", [&](auto type) {
     using T = decltype(type);
     parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
       backward_head(w, dm, in<T>(q) + b * qs, in<T>(k) + b * ks, in<T>(v) + b * ks, bias_at(bias, has_bias, dm, b, n),

@@ -1,6 +1,7 @@
-// What txjax's CPU kernels (cpu_attention.cc, cpu_transpose.cc) share: 16-wide float vectors
-// written with GCC/Clang vector extensions (no intrinsics: the compiler lowers them to the
-// CPU's own width), and a parallel loop over XLA's intra-op thread pool.
+// What txjax's CPU kernels (cpu_attention.cc, cpu_norm.cc, cpu_transpose.cc) share: 16-wide
+// float vectors written with GCC/Clang vector extensions (no intrinsics: the compiler lowers them
+// to the CPU's own width), bfloat16 read and written exactly as XLA converts it, and a parallel
+// loop over XLA's intra-op thread pool.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -85,6 +87,56 @@ static inline void tile16(const T* x, long ldx, T* y, long ldy) {
   V r[16];
   tile16_columns(x, ldx, r);
   for (int i = 0; i < 16; ++i) std::memcpy(y + i * ldy, &r[i], sizeof(V));
+}
+
+// Arrays of float32 or bfloat16 (its bits) whose work is float32.
+struct bf16 { uint16_t bits; };
+static inline float to_f32(float x) { return x; }
+static inline float to_f32(bf16 x) {
+  uint32_t u = (uint32_t)x.bits << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// x rounded to T: to nearest, ties to even, NaN kept (as XLA's convert).
+template <typename T> static inline T from_f32(float x);
+template <> inline float from_f32<float>(float x) { return x; }
+template <> inline bf16 from_f32<bf16>(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40)};
+  return {(uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16)};
+}
+
+// 16 elements of T as floats, and back (rounded as from_f32 rounds): exact conversions, so the
+// vectors give each element the value the scalar code gives it. Lanes<T>: 16 of T's bits.
+template <typename T> struct Lanes;
+template <> struct Lanes<float> { typedef u32x16 type; };
+template <> struct Lanes<bf16> { typedef u16x16 type; };
+static inline v16 to_f32(u32x16 u) { v16 f; std::memcpy(&f, &u, 64); return f; }
+static inline v16 to_f32(u16x16 b) { return to_f32(__builtin_convertvector(b, u32x16) << 16); }
+template <typename T> static inline v16 load16(const T* x) {
+  typename Lanes<T>::type b;
+  std::memcpy(&b, x, sizeof b);
+  return to_f32(b);
+}
+static inline void store16(float* y, v16 v) { store(y, v); }
+static inline void store16(bf16* y, v16 v) {
+  u32x16 u;
+  std::memcpy(&u, &v, 64);
+  u32x16 r = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  u16x16 b = __builtin_convertvector(r, u16x16);
+  std::memcpy(y, &b, sizeof b);
+}
+
+// Calls run(T{}) with T the C++ type of x's elements (float or bf16).
+template <typename Run>
+static ffi::Error by_dtype(ffi::AnyBuffer x, const char* what, Run run) {
+  switch (x.element_type()) {
+    case ffi::DataType::F32: run(float{}); return ffi::Error::Success();
+    case ffi::DataType::BF16: run(bf16{}); return ffi::Error::Success();
+    default: return ffi::Error::InvalidArgument(std::string(what) + " must be float32 or bfloat16");
+  }
 }
 
 // Calls work(state, i) for every i in [0, items) on the caller and the pool's threads, each thread
