@@ -165,26 +165,32 @@ def test_causal_blocks_promise_is_checked_as_for_the_reference():
         ops.dot_product_attention(q, k, v, jnp.zeros((1, 1, 4, 4)), implementation="cpu_fused", causal_block_size=2)
 
 
-@pytest.mark.parametrize("family,position", [("gpt", "learned"), ("gpt", "kerple"), ("bert", "rope"),
-                                             ("t5", "t5")])
-def test_models_match_the_reference_implementation(family, position):
-    """Logits and every parameter's gradient, padded tokens included (GPT: none)."""
+def assert_models_match(family: str, execution: ExecutionConfig, reference: ExecutionConfig, **config) -> None:
+    """A small model's logits and every parameter's gradient under `execution` against `reference`,
+    padded tokens included (GPT: none)."""
     cls, cfg = {"gpt": (GPT, GPTConfig), "bert": (Bert, BertConfig), "t5": (T5, T5Config)}[family]
-    config = cfg(vocab_size=13, max_len=12, d_model=32, num_heads=4, num_layers=2, d_ff=64, position=position,
-                 pad_id=None if family == "gpt" else 0)
+    config = cfg(vocab_size=13, max_len=12, d_model=32, num_heads=4, num_layers=2, d_ff=64,
+                 pad_id=None if family == "gpt" else 0, **config)
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 11)), jnp.int32)
     if family != "gpt":
         tokens = tokens.at[1, 7:].set(0)
     args = (tokens, tokens) if family == "t5" else (tokens,)
 
-    def loss_and_grads(impl):
-        model = cls(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(attention_impl=impl))
+    def loss_and_grads(execution):
+        model = cls(config, rngs=nnx.Rngs(0), execution=execution)
         return nnx.jit(nnx.value_and_grad(lambda m: jnp.sum(jnp.tanh(m(*args)))))(model)
 
-    loss, grads = loss_and_grads("cpu_fused")
-    ref_loss, ref_grads = loss_and_grads("reference")
+    loss, grads = loss_and_grads(execution)
+    ref_loss, ref_grads = loss_and_grads(reference)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4), grads, ref_grads)
+
+
+@pytest.mark.parametrize("family,position", [("gpt", "learned"), ("gpt", "kerple"), ("bert", "rope"),
+                                             ("t5", "t5")])
+def test_models_match_the_reference_implementation(family, position):
+    assert_models_match(family, ExecutionConfig(attention_impl="cpu_fused"),
+                        ExecutionConfig(attention_impl="reference"), position=position)
 
 
 def test_auto_picks_the_kernel_on_the_cpu_only():

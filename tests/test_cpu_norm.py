@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings
 
-from txjax import GPT, T5, Bert, BertConfig, GPTConfig, T5Config, ops
+from test_cpu_attention import assert_models_match
+from txjax import GPT, GPTConfig, ops
 from txjax.config import ExecutionConfig
 from txjax.ops import cpu_kernels, cpu_norm
 
@@ -93,20 +94,8 @@ def test_vmap_runs_each_element():
 
 @pytest.mark.parametrize("family", ["gpt", "bert", "t5"])
 def test_models_match_the_reference_norms(family):
-    """Logits and every parameter's gradient (GPT, BERT: layer norms; T5: RMS norms)."""
-    cls, cfg = {"gpt": (GPT, GPTConfig), "bert": (Bert, BertConfig), "t5": (T5, T5Config)}[family]
-    config = cfg(vocab_size=13, max_len=12, d_model=32, num_heads=4, num_layers=2, d_ff=64)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 11)), jnp.int32)
-    args = (tokens, tokens) if family == "t5" else (tokens,)
-
-    def loss_and_grads(impl):
-        model = cls(config, rngs=nnx.Rngs(0), execution=ExecutionConfig(norm_impl=impl))
-        return nnx.jit(nnx.value_and_grad(lambda m: jnp.sum(jnp.tanh(m(*args)))))(model)
-
-    loss, grads = loss_and_grads("cpu_fused")
-    ref_loss, ref_grads = loss_and_grads("reference")
-    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4), grads, ref_grads)
+    """GPT and BERT: layer norms; T5: RMS norms."""
+    assert_models_match(family, ExecutionConfig(norm_impl="cpu_fused"), ExecutionConfig(norm_impl="reference"))
 
 
 def test_the_execution_config_picks_the_kernel_on_the_cpu_only():
