@@ -24,24 +24,24 @@ from txjax.studies.schedule import run_parts
 HERE = Path(__file__).resolve().parent
 
 # (study, extra arguments), longest first: parts start in this order, so the workers end close
-# together. In brackets the core-seconds of the whole run of 2026-12-07 (bfloat16, idle 2-core
-# AMX Xeon, at 6199908): 265 core-minutes, 134.4 min of wall time (docs/results/README.md, "The
-# studies in bfloat16", in the order before, which put BERT's part fourth); two cores need at
-# least 132.4 min for them, this order 132.7.
+# together. In brackets the core-seconds of the whole run of 2026-12-07 at 646bf3c (bfloat16 and
+# the CPU kernels, idle 2-core AMX Xeon): 208 core-minutes, 104.6 min of wall time
+# (docs/results/README.md, "All four presets in one run"; in the order before, which put BERT's
+# part second); two cores need at least 104.1 min for them, this order 104.4.
 PARTS = [
-    ("mask_rate", "--families t5"),  # 3,119
-    ("mask_rate", "--families bert"),  # 2,136
-    ("synthetic_tasks", "--families gpt"),  # 2,034
-    ("synthetic_tasks", "--families t5"),  # 1,942
-    ("length_extrapolation", "--positions none,fire,kerple"),  # 1,219
-    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions rope"),  # 782
-    ("length_extrapolation", "--positions rope"),  # 780: with rope+random and the three scalings
-    ("randomized_positions", "--tasks reverse_string --positions rope"),  # 734
-    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions sinusoidal"),  # 726
-    ("randomized_positions", "--tasks reverse_string --positions sinusoidal"),  # 681
-    ("length_extrapolation", "--positions t5,alibi"),  # 675
-    ("length_extrapolation", "--positions learned,sinusoidal"),  # 671
-    ("length_extrapolation", "--positions xpos"),  # 392
+    ("mask_rate", "--families t5"),  # 2,292
+    ("synthetic_tasks", "--families gpt"),  # 1,561
+    ("mask_rate", "--families bert"),  # 1,484
+    ("synthetic_tasks", "--families t5"),  # 1,468
+    ("length_extrapolation", "--positions none,fire,kerple"),  # 1,000
+    ("length_extrapolation", "--positions rope"),  # 716: with rope+random and the three scalings
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions rope"),  # 670
+    ("randomized_positions", "--tasks reverse_string --positions rope"),  # 634
+    ("randomized_positions", "--tasks parity_check,modular_arithmetic --positions sinusoidal"),  # 603
+    ("randomized_positions", "--tasks reverse_string --positions sinusoidal"),  # 597
+    ("length_extrapolation", "--positions t5,alibi"),  # 563
+    ("length_extrapolation", "--positions learned,sinusoidal"),  # 558
+    ("length_extrapolation", "--positions xpos"),  # 346
 ]
 STUDIES = tuple(dict.fromkeys(s for s, _ in PARTS))
 
