@@ -37,7 +37,8 @@ PRESETS = {
     # bfloat16 (float32 parameters) on a CPU with bfloat16 dot instructions (AMX machine,
     # 2026-12-04: 125 ms/step, 9 min 24 s in all; test NLL 58.75 nats/image, samples'
     # confident share 0.83 of real digits': BUILD.md, "CPU presets"; 2026-12-06, with the fused
-    # CPU attention: 85 ms/step, 6 min 32 s in all, 58.76 nats/image). Elsewhere (no
+    # CPU attention: 85 ms/step, 6 min 32 s in all, 58.76 nats/image; 2026-12-07, with the CPU
+    # norm kernel: 74 ms/step, 5 min 40 s, 58.78 nats/image, share 0.795). Elsewhere (no
     # avx512_bf16 / amx_bf16 in /proc/cpuinfo) bfloat16 is slower than float32, so the preset
     # computes in float32 there and takes longer (its first line says which).
     "cpu": {
