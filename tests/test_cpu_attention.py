@@ -165,12 +165,12 @@ def test_causal_blocks_promise_is_checked_as_for_the_reference():
         ops.dot_product_attention(q, k, v, jnp.zeros((1, 1, 4, 4)), implementation="cpu_fused", causal_block_size=2)
 
 
-def assert_models_match(family: str, execution: ExecutionConfig, reference: ExecutionConfig, **config) -> None:
+def assert_models_match(family: str, execution: ExecutionConfig, reference: ExecutionConfig, **fields) -> None:
     """A small model's logits and every parameter's gradient under `execution` against `reference`,
     padded tokens included (GPT: none)."""
     cls, cfg = {"gpt": (GPT, GPTConfig), "bert": (Bert, BertConfig), "t5": (T5, T5Config)}[family]
     config = cfg(vocab_size=13, max_len=12, d_model=32, num_heads=4, num_layers=2, d_ff=64,
-                 pad_id=None if family == "gpt" else 0, **config)
+                 pad_id=None if family == "gpt" else 0, **fields)
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 13, (2, 11)), jnp.int32)
     if family != "gpt":
         tokens = tokens.at[1, 7:].set(0)
