@@ -219,7 +219,7 @@ def test_without_a_compiler_auto_falls_back_with_a_warning(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="builds for the x86-64 baseline")
 def test_the_kernels_built_for_the_x86_64_baseline_match_the_reference(tmp_path):
-    """The kernels (attention, norms, transpose) are GCC vector code, built with -march=native for
+    """The kernels (attention, norms, activations, transpose) are GCC vector code, built with -march=native for
     the CPU they run on. Built instead for the x86-64 baseline (SSE2: 128-bit vectors and no FMA,
     so other roundings than this machine's), they still pass these checks: what a CPU without
     AVX-512 or AVX2 computes.
@@ -241,6 +241,11 @@ def test_the_kernels_built_for_the_x86_64_baseline_match_the_reference(tmp_path)
             "import test_cpu_norm as nm\n"
             "for case in [((3, 37), nm.jnp.float32, 'layer', True, True), ((2, 5, 80), nm.jnp.bfloat16, 'rms', False, False)]:\n"
             "    nm._check(*case)\n"
+            "import test_cpu_activation as ac\n"
+            "for kind in ac.KINDS:\n"
+            "    ac._check((5, 37), ac.jnp.float32, kind, True)\n"
+            "    ac._check((3, 40), ac.jnp.bfloat16, kind, False)\n"
+            "    ac.test_float32_values_and_derivatives_are_the_formulas(kind)\n"
             "print('checked')\n") % str(Path(__file__).parent)
     env = {**os.environ, "CXX": str(wrapper), "XDG_CACHE_HOME": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)

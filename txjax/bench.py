@@ -32,7 +32,7 @@ from flax import nnx
 
 from txjax.argtypes import at_least
 from txjax import cost
-from txjax.config import ATTENTION_IMPLS, CONFIGS, ExecutionConfig, TransformerConfig
+from txjax.config import ACTIVATION_IMPLS, ATTENTION_IMPLS, CONFIGS, ExecutionConfig, TransformerConfig
 from txjax.models import MODELS
 
 
@@ -266,6 +266,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--causal-block-size", default="config",
                    help="ExecutionConfig.causal_block_size: query block length of causal attention, 'none' "
                         "for unblocked, 'config' (default) for the config's own")
+    p.add_argument("--activation-impl", choices=ACTIVATION_IMPLS, default="auto",
+                   help="ExecutionConfig.activation_impl: GELU's and SiLU's implementation (auto: the CPU's "
+                        "kernel in bfloat16)")
     p.add_argument("--grad-forms", choices=("auto", "autodiff", "xla_cpu"), default="auto",
                    help="ExecutionConfig.grad_forms: the float32 matmul gradients' form (auto: xla_cpu on CPU)")
     p.add_argument("--decode", type=at_least(0), default=0, metavar="NEW_TOKENS",
@@ -279,7 +282,7 @@ def config_from_args(args: argparse.Namespace) -> TransformerConfig:
 
 
 def execution_from_args(args: argparse.Namespace) -> ExecutionConfig:
-    fields = dict(attention_impl=args.attention, grad_forms=args.grad_forms)
+    fields = dict(attention_impl=args.attention, grad_forms=args.grad_forms, activation_impl=args.activation_impl)
     if args.causal_block_size != "config":
         fields["causal_block_size"] = (None if args.causal_block_size.lower() == "none"
                                        else int(args.causal_block_size))

@@ -14,6 +14,8 @@ import dataclasses
 import math
 from typing import ClassVar
 
+import jax.numpy as jnp
+
 from txjax.ops import cpu_kernels
 from txjax.ops.activations import ACTIVATIONS
 from txjax.ops.attention import IMPLEMENTATIONS
@@ -40,6 +42,7 @@ INITS = ("normal", "t5")  # TransformerConfig.init: see txjax.nn.layers.kernel_i
 GRAD_FORMS = ("auto", "autodiff", "xla_cpu")
 ATTENTION_IMPLS = ("auto", *IMPLEMENTATIONS)
 NORM_IMPLS = ("auto", "reference", "cpu_fused")
+ACTIVATION_IMPLS = NORM_IMPLS
 BERT_HEADS = ("mlm", "pooler", "none")  # BertConfig.head: what sits on the encoder
 
 
@@ -68,26 +71,37 @@ class ExecutionConfig:
     remat: bool = False  # recompute each block's activations in the backward pass (gradient checkpointing)
     grad_forms: str = "auto"  # float32 and bfloat16 matmuls: "xla_cpu" (txjax.ops.xla_cpu, the forms fast on XLA:CPU), "autodiff" (the plain ops), or "auto": xla_cpu when JAX's default backend is the CPU
     norm_impl: str = "auto"  # layer and RMS norms: "reference" (txjax.ops), "cpu_fused" (txjax.ops.cpu_norm), or "auto": cpu_fused on the CPU where its kernel builds, else reference
+    activation_impl: str = "auto"  # GELU and SiLU: "reference" (txjax.ops.activations), "cpu_fused" (txjax.ops.cpu_activation), or "auto": cpu_fused for bfloat16 on the CPU where its kernel builds (in float32 XLA fuses the activation with the bias add, which is faster), else reference
 
     def __post_init__(self):
         for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("grad_forms", GRAD_FORMS),
-                              ("norm_impl", NORM_IMPLS)):
+                              ("norm_impl", NORM_IMPLS), ("activation_impl", ACTIVATION_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ExecutionConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
         if self.causal_block_size is not None and (not _is_int(self.causal_block_size) or self.causal_block_size < 1):
             raise ValueError(f"causal_block_size must be a positive int or None, got {self.causal_block_size!r}")
 
+    @staticmethod
+    def _resolve(impl: str, backend: str) -> str:
+        """`impl` with "auto" resolved: the CPU kernel on the CPU where it builds, else reference."""
+        if impl != "auto":
+            return impl
+        return "cpu_fused" if backend == "cpu" and cpu_kernels.available() else "reference"
+
     def attention(self, backend: str) -> str:
         """The attention implementation on `backend` (jax.default_backend()), "auto" resolved."""
-        if self.attention_impl != "auto":
-            return self.attention_impl
-        return "cpu_fused" if backend == "cpu" and cpu_kernels.available() else "reference"
+        return self._resolve(self.attention_impl, backend)
 
     def norm(self, backend: str) -> str:
         """The norms' implementation on `backend` (jax.default_backend()), "auto" resolved."""
-        if self.norm_impl != "auto":
-            return self.norm_impl
-        return "cpu_fused" if backend == "cpu" and cpu_kernels.available() else "reference"
+        return self._resolve(self.norm_impl, backend)
+
+    def activation(self, backend: str, dtype) -> str:
+        """The activations' implementation on `backend` (jax.default_backend()) for a model computing
+        in `dtype`, "auto" resolved."""
+        if self.activation_impl == "auto" and jnp.dtype(dtype) != jnp.bfloat16:
+            return "reference"
+        return self._resolve(self.activation_impl, backend)
 
     def xla_cpu_grads(self, backend: str) -> bool:
         """Whether to use txjax.ops.xla_cpu's forms on `backend` (jax.default_backend())."""

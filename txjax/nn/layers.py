@@ -9,7 +9,7 @@ from flax import nnx
 
 from txjax import ops
 from txjax.config import ExecutionConfig, TransformerConfig
-from txjax.ops import cpu_norm, xla_cpu
+from txjax.ops import cpu_activation, cpu_norm, xla_cpu
 from txjax.ops.checks import is_concrete  # noqa: F401 (nn's modules import it from here)
 
 INIT = nnx.initializers.normal(stddev=0.02)
@@ -152,6 +152,7 @@ class FeedForward(nnx.Module):
                  execution: ExecutionConfig = ExecutionConfig()):
         d, f = config.d_model, config.d_ff
         self.activation = config.activation
+        self.fused_activation = execution.activation(jax.default_backend(), config.dtype) == "cpu_fused"
         self.d_model = d
         dense = dense_kwargs(config, execution, rngs)
         self.wi = Dense(d, f, **dense)
@@ -160,7 +161,7 @@ class FeedForward(nnx.Module):
 
     def __call__(self, x_BTD):
         check_width(x_BTD, self.d_model, "FeedForward")
-        h_BTF = ops.ACTIVATIONS[self.activation](self.wi(x_BTD))
+        h_BTF = cpu_activation.activation(self.activation, self.fused_activation)(self.wi(x_BTD))
         if self.wg is not None:
             h_BTF = h_BTF * self.wg(x_BTD)
         return self.wo(h_BTF)

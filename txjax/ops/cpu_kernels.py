@@ -1,5 +1,6 @@
 """txjax's CPU kernels: C++ sources in this folder, built on first use and called through XLA's FFI.
 
+- `cpu_activation.cc`: GELU and SiLU, forward and backward (`txjax.ops.cpu_activation`);
 - `cpu_attention.cc`: fused attention, forward and backward (`txjax.ops.cpu_attention`);
 - `cpu_norm.cc`: layer norm and RMS norm, forward and backward (`txjax.ops.cpu_norm`);
 - `cpu_transpose.cc`: a 2-D transpose whose operand XLA materializes first (`transpose` below,
@@ -31,12 +32,13 @@ import jax.numpy as jnp
 from txjax import paths
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_attention.cc", HERE / "cpu_norm.cc", HERE / "cpu_transpose.cc")
+SOURCES = (HERE / "cpu_activation.cc", HERE / "cpu_attention.cc", HERE / "cpu_norm.cc", HERE / "cpu_transpose.cc")
 HEADERS = (HERE / "cpu_kernels.h",)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 TARGETS = {"txjax_attention_forward": "TxjaxAttentionForward", "txjax_attention_backward": "TxjaxAttentionBackward",
            "txjax_norm_forward": "TxjaxNormForward", "txjax_norm_backward": "TxjaxNormBackward",
-           "txjax_transpose": "TxjaxTranspose"}
+           "txjax_transpose": "TxjaxTranspose",
+           "txjax_activation_forward": "TxjaxActivationForward", "txjax_activation_backward": "TxjaxActivationBackward"}
 """FFI target name -> the handler's symbol in the library."""
 
 
