@@ -107,18 +107,64 @@ def test_a_mask_gets_no_gradient_work_and_a_learned_bias_gets_its_sum():
     assert "bias_grad = 0 : i32" in hlo and "bias_grad = 1" not in hlo
 
 
-def test_bfloat16_inputs_compute_in_float32_and_return_bfloat16():
+def _bf16(x):
+    return x.astype(jnp.bfloat16).astype(jnp.float32)
+
+
+def _flash_bf16(q, k, v, bias, scale):
+    """Attention as its bfloat16 products compute it on AMX, from the formula in float32: q k^T and
+    dO v^T of the bfloat16 inputs, the softmax and dS = P (dP - rowsum(dO O)) in float32, and P
+    and dS rounded to bfloat16 before the products P v, dS k, dS^T q and P^T dO (FlashAttention's
+    recipe). Returns out and a function of d_out giving dq, dk, dv."""
+    s = jnp.einsum("btnh,bsnh->bnts", q, k) * scale + (0.0 if bias is None else bias)
+    p = jax.nn.softmax(s, axis=-1)
+    out = _bf16(jnp.einsum("bnts,bsnh->btnh", _bf16(p), v))
+
+    def grads(d_out):
+        dp = jnp.einsum("btnh,bsnh->bnts", d_out, v)
+        ds = _bf16(p * (dp - jnp.einsum("btnh,btnh->bnt", d_out, out)[..., None]))
+        return (jnp.einsum("bnts,bsnh->btnh", ds, k) * scale, jnp.einsum("bnts,btnh->bsnh", ds, q) * scale,
+                jnp.einsum("bnts,btnh->bsnh", _bf16(p), d_out))
+
+    return out, grads
+
+
+def test_bfloat16_inputs_return_bfloat16():
+    """Without AMX the kernel computes in float32 and rounds once; with it, P is rounded before P v."""
     q, k, v, _ = _inputs(2, 9, 9, 2, 2, 16)
     out = cpu_attention.attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)))
-    ref = ops.dot_product_attention(*(x.astype(jnp.bfloat16).astype(jnp.float32) for x in (q, k, v)))
+    q, k, v = (_bf16(x) for x in (q, k, v))
+    ref = _flash_bf16(q, k, v, None, 0.25)[0] if cpu_kernels.amx() else ops.dot_product_attention(q, k, v)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=2**-8, atol=1e-6)  # one bfloat16 rounding
+
+
+@pytest.mark.skipif(not cpu_kernels.amx(), reason="no AMX here: bfloat16 heads compute in float32")
+@pytest.mark.parametrize("b,t,s,n,h,kind,causal", [
+    (2, 40, 40, 3, 80, "causal", True), (1, 200, 200, 2, 64, "causal", True), (2, 13, 20, 2, 8, "none", False),
+    (3, 6, 6, 2, 24, "padding", False), (2, 33, 33, 4, 32, "relative", True)])
+def test_bfloat16_products_on_amx_are_flash_attention_in_bfloat16(b, t, s, n, h, kind, causal):
+    """The AMX heads against `_flash_bf16` (the same roundings, other orders of float32 sums): one
+    bfloat16 step at the largest magnitude for the output and every gradient; causal blocks skipped,
+    head widths padded to 32, keys not a multiple of 32, a row with no visible key, a bias."""
+    q, k, v, d_out = (_bf16(x) for x in _inputs(b, t, s, n, n, h))
+    bias = _bias(kind, b, t, s, n)
+    scale = 1 / np.sqrt(h)
+    out, vjp = jax.vjp(lambda q, k, v: cpu_attention.attention(q, k, v, bias, causal=causal),
+                       *(x.astype(jnp.bfloat16) for x in (q, k, v)))
+    got = [out, *vjp(d_out.astype(jnp.bfloat16))]
+    want_out, grads = _flash_bf16(q, k, v, bias, scale)
+    for g, e in zip(got, [want_out, *grads(d_out)]):
+        assert g.dtype == jnp.bfloat16
+        e = np.nan_to_num(np.asarray(e))
+        np.testing.assert_allclose(np.asarray(g, np.float32), e, rtol=0, atol=2**-7 * np.abs(e).max())
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(kv_heads):
     """bfloat16 q, k, v go into the kernel as they are (K = N) and out comes bfloat16, rounded
-    to nearest even as XLA's convert rounds the float32 path's output: the same bits. Their
+    to nearest even as XLA's convert rounds the float32 path's output: the same bits (with AMX,
+    within a rounding: its P is rounded before P v, and its dS before dS k and dS^T q). Their
     gradients come out of the kernel in bfloat16 too; the backward's rowsum(dO * O) reads the
     rounded O (FlashAttention's choice), so they are held to the float32 gradient of the same
     bfloat16 numbers within a bfloat16 step at the largest magnitude, as the float32 path's are.
@@ -140,14 +186,15 @@ def test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(kv_heads):
 
     call = next(line for line in jax.jit(kernel).lower(q, k, v).as_text().splitlines() if "txjax_attention_forward" in line)
     assert ("bf16" in call) == (kv_heads == 4)
-    np.testing.assert_array_equal(np.asarray(jax.jit(kernel)(q, k, v), np.float32),
-                                  np.asarray(jax.jit(float32_path)(q, k, v), np.float32))
+    amx = kv_heads == 4 and cpu_kernels.amx()  # then P is rounded to bfloat16 before P v
+    got, f32 = (np.asarray(jax.jit(f)(q, k, v), np.float32) for f in (kernel, float32_path))
+    np.testing.assert_allclose(got, f32, rtol=0, atol=2**-7 * np.abs(f32).max() if amx else 0)
     got, f32, want = ([np.asarray(g, np.float32) for g in jax.jit(jax.grad(
         lambda q, k, v: jnp.sum(w * f(q, k, v).astype(jnp.float32)), (0, 1, 2)))(q, k, v)]
         for f in (kernel, float32_path, exact))
     for g, f, e in zip(got, f32, want):
         step = 2**-7 * np.abs(e).max()  # one bfloat16 step at the largest gradient (measured errors: 2^-8 to 2^-7)
-        np.testing.assert_allclose(g, e, rtol=0, atol=step)
+        np.testing.assert_allclose(g, e, rtol=0, atol=2 * step if amx else step)  # AMX: P and dS rounded too
         np.testing.assert_allclose(f, e, rtol=0, atol=step)
 
 
@@ -236,6 +283,7 @@ def test_the_kernels_built_for_the_x86_64_baseline_match_the_reference(tmp_path)
             "             (3, 9, 12, 2, 1, 8, 'padding', True, False), (2, 13, 13, 4, 2, 16, 'relative', True, True)]:\n"
             "    t._check(*case)\n"
             "t.test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(4)\n"
+            "assert not t.cpu_kernels.amx()\n"
             "k.test_transpose_of_large_arrays_split_over_threads((1000, 600), k.jnp.float32)\n"
             "k.test_transpose_of_large_arrays_split_over_threads((4099, 131), k.jnp.bfloat16)\n"
             "import test_cpu_norm as nm\n"

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_amx.h"
 #include "cpu_kernels.h"
 
 // exp(x) for x <= 0; x < -87 (and -inf) gives exactly 0. Cephes' expf polynomial.
@@ -115,17 +116,32 @@ struct Dims {
   long bias_b, bias_n;  // the bias's strides over batch and heads
 };
 
+// One thread's buffers. With `amx` (bfloat16 on AMX: cpu_attention_amx.h) the products' operands
+// are bfloat16 copies padded to multiples of 32 (Hp, Sp, Tp): q, k and v as rows (qb, kb, vb), k^T
+// and v^T as pairs of h (kt2, vt2), k, v, q and dO as pairs of rows (k2, v2, q2, d2), the weights
+// and the scores' gradient as rows (pb, sb) and transposed (pt, st).
 struct Scratch {
-  int Hp, Sp;
+  bool amx;
+  int Hp, Sp, Tp;
   long ld;  // the row stride of kt, vt, s and p: Sp, padded off multiples of 64 (256 bytes), whose
             // rows would all map to the same few L1 sets
   std::vector<float> q, k, kt, v, vt, o, d, s, p, m;
-  explicit Scratch(const Dims& dm) : Hp(round16(dm.H)), Sp(round16(dm.S)), ld(Sp % 64 ? Sp : Sp + 16) {
+  std::vector<uint16_t> qb, kb, vb, db, kt2, vt2, q2, k2, v2, d2, pb, sb, pt, st;
+  Scratch(const Dims& dm, bool amx)
+      : amx(amx), Hp(amx ? round32(dm.H) : round16(dm.H)), Sp(amx ? round32(dm.S) : round16(dm.S)),
+        Tp(round32(dm.T)), ld(Sp % 64 ? Sp : Sp + 16) {
     long rows = round16(std::max(dm.T, dm.S)) + 16;
-    for (auto* x : {&q, &k, &v, &o, &d}) x->assign(rows * Hp + 64, 0.f);
-    for (auto* x : {&kt, &vt}) x->assign(Hp * ld + 64, 0.f);
     for (auto* x : {&s, &p}) x->assign((round16(dm.T) + 16) * ld + 64, 0.f);
     m.assign(dm.T, 0.f);
+    o.assign(rows * Hp + 64, 0.f);
+    if (amx) {
+      const long R = std::max(Tp, Sp);
+      for (auto* x : {&qb, &kb, &vb, &db, &kt2, &vt2, &q2, &k2, &v2, &d2}) x->assign(R * Hp, 0);
+      for (auto* x : {&pb, &sb, &pt, &st}) x->assign((long)Tp * Sp, 0);
+      return;
+    }
+    for (auto* x : {&q, &k, &v, &d}) x->assign(rows * Hp + 64, 0.f);
+    for (auto* x : {&kt, &vt}) x->assign(Hp * ld + 64, 0.f);
   }
 };
 
@@ -179,11 +195,14 @@ static inline int row_keys(const Dims& dm, int t) {
 // forward pass's saved_lse; without it, computes the softmax and writes lse_out (the log-sum-exp,
 // +inf for a row with no visible key). Each pass runs over every row before the next starts: a row
 // alone is one chain of dependent steps (maximum, sum, scale), which the rows run side by side.
-static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const float* saved_lse, float* lse_out) {
+// The scores are first multiplied by `scale` (1: q came scaled).
+static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const float* saved_lse, float* lse_out,
+                         float scale = 1.f) {
   float* m = w.m.data();  // each row's maximum, then (without saved_lse) 1 / its sum
   for (int t = 0; t < dm.T; ++t) {
     float* s = w.s.data() + t * w.ld;
     int nk = row_keys(dm, t), nk16 = round16(nk);
+    if (scale != 1.f) for (int j = 0; j < nk16; j += 16) store(s + j, load(s + j) * scale);
     if (bias_TS) for (int j = 0; j < nk; ++j) s[j] += bias_TS[(long)t * dm.S + j];
     for (int j = nk; j < nk16; ++j) s[j] = -INFINITY;
     if (saved_lse) {
@@ -215,10 +234,16 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const
   }
 }
 
+#include "cpu_attention_amx.h"
+
 // Query head n of one batch row: out [T, N, H] and lse [T] (its log-sum-exp per query).
 template <typename T>
 static void forward_head(Scratch& w, const Dims& dm, const T* q, const T* k, const T* v, const float* bias_TS, int n,
                          T* out, float* lse) {
+#ifdef TXJAX_AMX
+  if constexpr (std::is_same_v<T, bf16>)
+    if (w.amx) return forward_head_amx(w, dm, q, k, v, bias_TS, n, out, lse);
+#endif
   const int kh = n / (dm.N / dm.K), hc = w.Hp / 16;
   const bool tri = dm.causal && dm.S == dm.T;
   gather(q, dm.T, dm.N, dm.H, n, dm.scale, w.q.data(), w.Hp);
@@ -237,6 +262,10 @@ template <typename T>
 static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, const T* v, const float* bias_TS,
                           const T* out, const float* lse, const T* dout, int n, T* dq, T* dk, T* dv,
                           float* dbias_TS) {
+#ifdef TXJAX_AMX
+  if constexpr (std::is_same_v<T, bf16>)
+    if (w.amx) return backward_head_amx(w, dm, q, k, v, bias_TS, out, lse, dout, n, dq, dk, dv, dbias_TS);
+#endif
   const int group = dm.N / dm.K, kh = n / group, hc = w.Hp / 16;
   const bool tri = dm.causal && dm.S == dm.T, add = n % group != 0;
   gather(q, dm.T, dm.N, dm.H, n, dm.scale, w.q.data(), w.Hp);
@@ -270,10 +299,12 @@ static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, co
 // Runs head(scratch, b, n) for every batch row b and query head n (parallel_for). One item is one
 // batch row's query heads that share a key head, in order (so that dk and dv are written by the
 // group's first head before the others add to them).
+// `amx`: bfloat16 heads on AMX where it is usable.
 template <typename F>
-static void parallel_heads(ffi::ThreadPool& pool, const Dims& dm, F head) {
+static void parallel_heads(ffi::ThreadPool& pool, const Dims& dm, bool amx, F head) {
   const int group = dm.N / dm.K;
-  parallel_for(pool, dm.B * dm.K, [dm]() { return Scratch(dm); }, [dm, group, head](Scratch& w, int i) {
+  amx = amx && amx_usable();
+  parallel_for(pool, dm.B * dm.K, [dm, amx]() { return Scratch(dm, amx); }, [dm, group, head](Scratch& w, int i) {
     for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n) head(w, i / dm.K, n);
   });
 }
@@ -303,7 +334,7 @@ static ffi::Error forward(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer
   const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H;
   return by_dtype(q, "txjax attention: q, k, v", [&](auto type) {
     using T = decltype(type);
-    parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
+    parallel_heads(pool, dm, std::is_same_v<T, bf16>, [&](Scratch& w, int b, int n) {
       forward_head(w, dm, in<T>(q) + b * qs, in<T>(k) + b * ks, in<T>(v) + b * ks, bias_at(bias, has_bias, dm, b, n),
                    n, out_of<T>(out) + b * qs, lse->typed_data() + ((long)b * dm.N + n) * dm.T);
     });
@@ -319,7 +350,7 @@ static ffi::Error backward(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   const long qs = (long)dm.T * dm.N * dm.H, ks = (long)dm.S * dm.K * dm.H, ts = (long)dm.T * dm.S;
   return by_dtype(q, "txjax attention: q, k, v", [&](auto type) {
     using T = decltype(type);
-    parallel_heads(pool, dm, [&](Scratch& w, int b, int n) {
+    parallel_heads(pool, dm, std::is_same_v<T, bf16>, [&](Scratch& w, int b, int n) {
       backward_head(w, dm, in<T>(q) + b * qs, in<T>(k) + b * ks, in<T>(v) + b * ks, bias_at(bias, has_bias, dm, b, n),
                     in<T>(out) + b * qs, lse.typed_data() + ((long)b * dm.N + n) * dm.T, in<T>(dout) + b * qs, n,
                     out_of<T>(dq) + b * qs, out_of<T>(dk) + b * ks, out_of<T>(dv) + b * ks,
@@ -327,6 +358,9 @@ static ffi::Error backward(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
     });
   });
 }
+
+// Whether bfloat16 heads run their products on AMX here (txjax.ops.cpu_kernels.amx).
+extern "C" int TxjaxAmx() { return amx_usable() ? 1 : 0; }
 
 // q, k, v and the bias: the arguments both handlers start with.
 static auto bind_inputs() {

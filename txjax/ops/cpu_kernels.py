@@ -1,7 +1,9 @@
 """txjax's CPU kernels: C++ sources in this folder, built on first use and called through XLA's FFI.
 
 - `cpu_activation.cc`: GELU and SiLU, forward and backward (`txjax.ops.cpu_activation`);
-- `cpu_attention.cc`: fused attention, forward and backward (`txjax.ops.cpu_attention`);
+- `cpu_attention.cc`: fused attention, forward and backward (`txjax.ops.cpu_attention`), its
+  bfloat16 products on AMX tiles where the CPU has them (`cpu_amx.h`, `cpu_attention_amx.h`, `amx`
+  below);
 - `cpu_norm.cc`: layer norm and RMS norm, forward and backward (`txjax.ops.cpu_norm`);
 - `cpu_transpose.cc`: a 2-D transpose whose operand XLA materializes first (`transpose` below,
   used by `txjax.ops.xla_cpu.transposed` for the weight gradients' x^T).
@@ -33,7 +35,7 @@ from txjax import paths
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu_activation.cc", HERE / "cpu_attention.cc", HERE / "cpu_norm.cc", HERE / "cpu_transpose.cc")
-HEADERS = (HERE / "cpu_kernels.h",)
+HEADERS = (HERE / "cpu_kernels.h", HERE / "cpu_amx.h", HERE / "cpu_attention_amx.h")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 TARGETS = {"txjax_attention_forward": "TxjaxAttentionForward", "txjax_attention_backward": "TxjaxAttentionBackward",
            "txjax_norm_forward": "TxjaxNormForward", "txjax_norm_backward": "TxjaxNormBackward",
@@ -104,6 +106,13 @@ def available() -> bool:
                       f"slower on the CPU): {e}", RuntimeWarning, stacklevel=2)
         return False
     return True
+
+
+@functools.cache
+def amx() -> bool:
+    """Whether bfloat16 attention runs its products on AMX tiles here: the kernels were built for a
+    CPU with AMX (`cpu_amx.h`) and Linux grants the tile state. Builds the kernels if needed."""
+    return bool(ctypes.cdll.LoadLibrary(str(build())).TxjaxAmx())
 
 
 def transpose(x_KM: jax.Array) -> jax.Array:
