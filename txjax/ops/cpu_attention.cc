@@ -195,14 +195,17 @@ static inline int row_keys(const Dims& dm, int t) {
 // forward pass's saved_lse; without it, computes the softmax and writes lse_out (the log-sum-exp,
 // +inf for a row with no visible key). Each pass runs over every row before the next starts: a row
 // alone is one chain of dependent steps (maximum, sum, scale), which the rows run side by side.
-// The scores are first multiplied by `scale` (1: q came scaled).
+// The scores are S times `scale` (1: q came scaled), which the passes apply as they read S (a
+// positive scale: the maximum of the scaled row is the scaled maximum, rounded alike).
 static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const float* saved_lse, float* lse_out,
                          float scale = 1.f) {
   float* m = w.m.data();  // each row's maximum, then (without saved_lse) 1 / its sum
+  const bool early = bias_TS || !(scale > 0.f);  // scaled before the bias is added, in a pass of its own
+  const float sc = early ? 1.f : scale;
   for (int t = 0; t < dm.T; ++t) {
     float* s = w.s.data() + t * w.ld;
     int nk = row_keys(dm, t), nk16 = round16(nk);
-    if (scale != 1.f) for (int j = 0; j < nk16; j += 16) store(s + j, load(s + j) * scale);
+    if (early && scale != 1.f) for (int j = 0; j < nk16; j += 16) store(s + j, load(s + j) * scale);
     if (bias_TS) for (int j = 0; j < nk; ++j) s[j] += bias_TS[(long)t * dm.S + j];
     for (int j = nk; j < nk16; ++j) s[j] = -INFINITY;
     if (saved_lse) {
@@ -211,7 +214,7 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const
     }
     v16 mv = splat(-INFINITY);
     for (int j = 0; j < nk16; j += 16) { v16 x = load(s + j); mv = x > mv ? x : mv; }
-    float mt = hmax(mv);
+    float mt = hmax(mv) * sc;
     m[t] = std::isfinite(mt) ? mt : 0.f;
   }
   for (int t = 0; t < dm.T; ++t) {
@@ -219,7 +222,7 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const
     float* p = w.p.data() + t * w.ld;
     int nk16 = round16(row_keys(dm, t));
     v16 sum = splat(0.f);
-    for (int j = 0; j < nk16; j += 16) { v16 e = vexp(load(s + j) - m[t]); store(p + j, e); sum += e; }
+    for (int j = 0; j < nk16; j += 16) { v16 e = vexp(load(s + j) * sc - m[t]); store(p + j, e); sum += e; }
     for (int j = nk16; j < w.Sp; ++j) p[j] = 0.f;
     if (saved_lse) continue;
     float l = hsum(sum);

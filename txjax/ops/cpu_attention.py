@@ -7,8 +7,11 @@ config on one core, PyTorch's fused kernel 29). The kernel does one (batch row, 
 time in per-thread scratch that stays in cache, reads q, k, v in their [B, T, N, H] layout,
 computes only the lower triangle of causal self-attention, and recomputes the weights in the
 backward pass from the saved log-sum-exp, as FlashAttention does. It computes in float32
-whatever the inputs' dtype, and returns the bias's gradient only when the bias is being
-differentiated (a T5, FIRE or KERPLE bias; not a mask).
+whatever the inputs' dtype, except that bfloat16 heads on a CPU with AMX (`cpu_kernels.amx()`)
+run their five products on the tile unit with bfloat16 operands and float32 sums, the weights P
+and the scores' gradient dS rounded to bfloat16 before their products (FlashAttention's and
+PyTorch's bfloat16 recipe; the softmax and dS itself stay float32). It returns the bias's
+gradient only when the bias is being differentiated (a T5, FIRE or KERPLE bias; not a mask).
 
 The kernel is built with txjax's other CPU kernels (`txjax.ops.cpu_kernels`: on first use, with
 the system's C++ compiler); `cpu_kernels.available()` says whether that worked.
@@ -74,10 +77,10 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, bias: jax
 
     `causal`: the caller promises the bias hides every key after its query (S == T), and the
     kernel skips them. The bias is taken as float32 [B|1, N|1, T, S]; q, k, v are computed in
-    float32 and the output has v's dtype. bfloat16 q, k and v are read and their output and
-    gradients written in bfloat16 by the kernel itself (rounded once, as XLA's converts would),
-    except with grouped queries, whose key gradients sum over the group in float32. Builds the
-    kernels on first use (`cpu_kernels.build`).
+    float32 (on AMX, bfloat16 products: the module's docstring) and the output has v's dtype.
+    bfloat16 q, k and v are read and their output and gradients written in bfloat16 by the kernel
+    itself (rounded once, as XLA's converts would), except with grouped queries, whose key
+    gradients sum over the group in float32. Builds the kernels on first use (`cpu_kernels.build`).
     """
     register()
     b, t, n, h = q_BTNH.shape

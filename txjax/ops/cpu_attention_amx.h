@@ -9,10 +9,26 @@
 
 static inline const uint16_t* bits(const bf16* x) { return (const uint16_t*)x; }
 
-// Rows [0, T) of x [T, ld] (float32) rounded into out [T, Sp] (bfloat16).
-static void rows_to_bf16(const float* x, long ld, int T, int Sp, uint16_t* out) {
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < Sp; j += 16) store16((bf16*)out + (long)t * Sp + j, load(x + t * ld + j));
+// The columns of row t of the weights (or dS) that the products read: the row's keys rounded up to
+// 32, or all Sp. Beyond them the bfloat16 copies keep the zeros they were made with (every head of
+// a call writes the same columns).
+static inline int row_cols(const Dims& dm, const Scratch& w, int t) {
+  return std::min(w.Sp, round32(row_keys(dm, t)));
+}
+
+// Rows [0, T) of x [T, ld] (float32) rounded into out [T, Sp] (bfloat16), on their row_cols.
+static void rows_to_bf16(const Dims& dm, const Scratch& w, const float* x, uint16_t* out) {
+  for (int t = 0; t < dm.T; ++t)
+    for (int j = 0, n = row_cols(dm, w, t); j < n; j += 16)
+      store16((bf16*)out + (long)t * w.Sp + j, load(x + t * w.ld + j));
+}
+
+// y [Sp, Tp] = x [Tp, Sp]^T for the weights (or dS) in bfloat16: the tiles of rows below T and
+// columns within their row_cols (the others stay zero in y).
+static void transpose_weights(const Dims& dm, const Scratch& w, const uint16_t* x, uint16_t* y) {
+  for (int r = 0; r < std::min(dm.T, w.Tp); r += 16)
+    for (int c = 0, n = row_cols(dm, w, std::min(dm.T, r + 16) - 1); c < n; c += 16)
+      tile16<u16x16>(x + (long)r * w.Sp + c, w.Sp, y + (long)c * w.Tp + r, w.Tp);
 }
 
 // The scores q k^T (unscaled: softmax_rows scales them) into w.s, from w.qb and w.kt2.
@@ -39,7 +55,7 @@ static void forward_head_amx(Scratch& w, const Dims& dm, const bf16* q, const bf
   pair_rows(w.vb.data(), Sp, Hp, w.v2.data());
   scores_amx(w, w.qb.data(), w.kt2.data(), tri);
   softmax_rows(w, dm, bias_TS, nullptr, lse, dm.scale);
-  rows_to_bf16(w.p.data(), w.ld, dm.T, Sp, w.pb.data());
+  rows_to_bf16(dm, w, w.p.data(), w.pb.data());
   amx_mm(w.pb.data(), Sp, w.v2.data(), 2L * Hp, w.o.data(), Hp, w.Tp,
          [=](int m0) { return TileRange{0, tri ? std::min(Sp, m0 + 32) : Sp, Hp}; });
   scatter(w.o.data(), dm.T, dm.N, dm.H, n, 1.f, out, Hp, false);
@@ -61,9 +77,12 @@ static void backward_head_amx(Scratch& w, const Dims& dm, const bf16* q, const b
   softmax_rows(w, dm, bias_TS, lse, nullptr, dm.scale);
   scores_amx(w, w.db.data(), w.vt2.data(), tri);  // s := dP = dO V^T
   for (int t = 0; t < dm.T; ++t) {  // s := dS = P (dP - rowsum(dO O))
-    float dd = 0.f;
     const bf16 *dor = dout + ((long)t * dm.N + n) * dm.H, *orow = out + ((long)t * dm.N + n) * dm.H;
-    for (int h = 0; h < dm.H; ++h) dd += to_f32(dor[h]) * to_f32(orow[h]);
+    v16 acc = splat(0.f);
+    int h = 0;
+    for (; h + 16 <= dm.H; h += 16) acc += load16(dor + h) * load16(orow + h);
+    float dd = hsum(acc);
+    for (; h < dm.H; ++h) dd += to_f32(dor[h]) * to_f32(orow[h]);
     float* s = w.s.data() + t * w.ld;
     const float* p = w.p.data() + t * w.ld;
     int nk16 = round16(row_keys(dm, t));
@@ -71,10 +90,10 @@ static void backward_head_amx(Scratch& w, const Dims& dm, const bf16* q, const b
     for (int j = nk16; j < Sp; ++j) s[j] = 0.f;
     if (dbias_TS) std::memcpy(dbias_TS + (long)t * dm.S, s, sizeof(float) * dm.S);
   }
-  rows_to_bf16(w.p.data(), w.ld, dm.T, Sp, w.pb.data());
-  rows_to_bf16(w.s.data(), w.ld, dm.T, Sp, w.sb.data());
-  transpose_tiles<u16x16>(w.pb.data(), Tp, Sp, w.pt.data());
-  transpose_tiles<u16x16>(w.sb.data(), Tp, Sp, w.st.data());
+  rows_to_bf16(dm, w, w.p.data(), w.pb.data());
+  rows_to_bf16(dm, w, w.s.data(), w.sb.data());
+  transpose_weights(dm, w, w.pb.data(), w.pt.data());
+  transpose_weights(dm, w, w.sb.data(), w.st.data());
   float* o = w.o.data();  // dq, then dk, then dv
   amx_mm(w.sb.data(), Sp, w.k2.data(), 2L * Hp, o, Hp, Tp,
          [=](int m0) { return TileRange{0, tri ? std::min(Sp, m0 + 32) : Sp, Hp}; });
