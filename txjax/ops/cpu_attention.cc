@@ -4,7 +4,8 @@
 // its query heads' scores, softmax and products run in per-thread scratch, so the [B, N, T, S]
 // scores never leave the cache and no heads-major copy of q, k or v is made. With S == T and
 // `causal`, only the lower triangle is computed. The backward pass recomputes the weights from the
-// saved log-sum-exp (as FlashAttention does).
+// saved log-sum-exp (as FlashAttention does). bfloat16 heads on a CPU with AMX run their products
+// on the tiles instead (cpu_attention_amx.h).
 #include <cmath>
 #include <type_traits>
 #include <vector>
