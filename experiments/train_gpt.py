@@ -38,7 +38,8 @@ PRESETS = {
     # 2026-12-04: 125 ms/step, 9 min 24 s in all; test NLL 58.75 nats/image, samples'
     # confident share 0.83 of real digits': BUILD.md, "CPU presets"; 2026-12-06, with the fused
     # CPU attention: 85 ms/step, 6 min 32 s in all, 58.76 nats/image; 2026-12-07, with the CPU
-    # norm kernel: 74 ms/step, 5 min 40 s, 58.78 nats/image, share 0.795). Elsewhere (no
+    # norm kernel: 74 ms/step, 5 min 40 s, 58.78 nats/image, share 0.795; then with the SiLU
+    # kernel and attention on AMX tiles: 73 ms/step, 5 min 38 s, 58.83, share 0.820). Elsewhere (no
     # avx512_bf16 / amx_bf16 in /proc/cpuinfo) bfloat16 is slower than float32, so the preset
     # computes in float32 there and takes longer (its first line says which).
     "cpu": {

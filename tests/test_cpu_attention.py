@@ -129,20 +129,23 @@ def _flash_bf16(q, k, v, bias, scale):
     return out, grads
 
 
-def test_bfloat16_inputs_return_bfloat16():
-    """Without AMX the kernel computes in float32 and rounds once; with it, P is rounded before P v."""
-    q, k, v, _ = _inputs(2, 9, 9, 2, 2, 16)
+@pytest.mark.parametrize("h", [16, 32])
+def test_bfloat16_inputs_return_bfloat16(h):
+    """Without AMX (and for heads narrower than it takes) the kernel computes in float32 and rounds
+    once; with it, P is rounded before P v."""
+    q, k, v, _ = _inputs(2, 9, 9, 2, 2, h)
     out = cpu_attention.attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)))
     q, k, v = (_bf16(x) for x in (q, k, v))
-    ref = _flash_bf16(q, k, v, None, 0.25)[0] if cpu_kernels.amx() else ops.dot_product_attention(q, k, v)
+    amx = cpu_attention.amx_heads(h)
+    ref = _flash_bf16(q, k, v, None, h**-0.5)[0] if amx else ops.dot_product_attention(q, k, v)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=2**-8, atol=1e-6)  # one bfloat16 rounding
 
 
-@pytest.mark.skipif(not cpu_kernels.amx(), reason="no AMX here: bfloat16 heads compute in float32")
+@pytest.mark.skipif(not cpu_attention.amx_heads(32), reason="no AMX here: bfloat16 heads compute in float32")
 @pytest.mark.parametrize("b,t,s,n,h,kind,causal", [
-    (2, 40, 40, 3, 80, "causal", True), (1, 200, 200, 2, 64, "causal", True), (2, 13, 20, 2, 8, "none", False),
-    (3, 6, 6, 2, 24, "padding", False), (2, 33, 33, 4, 32, "relative", True)])
+    (2, 40, 40, 3, 80, "causal", True), (1, 200, 200, 2, 64, "causal", True), (2, 13, 20, 2, 32, "none", False),
+    (3, 6, 6, 2, 48, "padding", False), (2, 33, 33, 4, 32, "relative", True)])
 def test_bfloat16_products_on_amx_are_flash_attention_in_bfloat16(b, t, s, n, h, kind, causal):
     """The AMX heads against `_flash_bf16` (the same roundings, other orders of float32 sums): one
     bfloat16 step at the largest magnitude for the output and every gradient; causal blocks skipped,
@@ -186,7 +189,7 @@ def test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(kv_heads):
 
     call = next(line for line in jax.jit(kernel).lower(q, k, v).as_text().splitlines() if "txjax_attention_forward" in line)
     assert ("bf16" in call) == (kv_heads == 4)
-    amx = kv_heads == 4 and cpu_kernels.amx()  # then P is rounded to bfloat16 before P v
+    amx = kv_heads == 4 and cpu_attention.amx_heads(24)  # then P is rounded to bfloat16 before P v
     got, f32 = (np.asarray(jax.jit(f)(q, k, v), np.float32) for f in (kernel, float32_path))
     np.testing.assert_allclose(got, f32, rtol=0, atol=2**-7 * np.abs(f32).max() if amx else 0)
     got, f32, want = ([np.asarray(g, np.float32) for g in jax.jit(jax.grad(
@@ -283,7 +286,7 @@ def test_the_kernels_built_for_the_x86_64_baseline_match_the_reference(tmp_path)
             "             (3, 9, 12, 2, 1, 8, 'padding', True, False), (2, 13, 13, 4, 2, 16, 'relative', True, True)]:\n"
             "    t._check(*case)\n"
             "t.test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(4)\n"
-            "assert not t.cpu_kernels.amx()\n"
+            "assert t.cpu_kernels.amx_min_head() == 0\n"
             "k.test_transpose_of_large_arrays_split_over_threads((1000, 600), k.jnp.float32)\n"
             "k.test_transpose_of_large_arrays_split_over_threads((4099, 131), k.jnp.bfloat16)\n"
             "import test_cpu_norm as nm\n"

@@ -303,11 +303,15 @@ static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, co
 // Runs head(scratch, b, n) for every batch row b and query head n (parallel_for). One item is one
 // batch row's query heads that share a key head, in order (so that dk and dv are written by the
 // group's first head before the others add to them).
-// `amx`: bfloat16 heads on AMX where it is usable.
+// Heads narrower than this keep the float32 FMAs: padded to a tile's 32, they ran 1.4-1.7x slower
+// on AMX (BUILD.md).
+static constexpr int kAmxMinHead = 32;
+
+// `amx`: bfloat16 heads on AMX where it is usable and they are at least kAmxMinHead wide.
 template <typename F>
 static void parallel_heads(ffi::ThreadPool& pool, const Dims& dm, bool amx, F head) {
   const int group = dm.N / dm.K;
-  amx = amx && amx_usable();
+  amx = amx && dm.H >= kAmxMinHead && amx_usable();
   parallel_for(pool, dm.B * dm.K, [dm, amx]() { return Scratch(dm, amx); }, [dm, group, head](Scratch& w, int i) {
     for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n) head(w, i / dm.K, n);
   });
@@ -363,8 +367,9 @@ static ffi::Error backward(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   });
 }
 
-// Whether bfloat16 heads run their products on AMX here (txjax.ops.cpu_kernels.amx).
-extern "C" int TxjaxAmx() { return amx_usable() ? 1 : 0; }
+// The narrowest bfloat16 heads that run their products on AMX here, 0 for none
+// (txjax.ops.cpu_attention.amx_heads).
+extern "C" int TxjaxAmxMinHead() { return amx_usable() ? kAmxMinHead : 0; }
 
 // q, k, v and the bias: the arguments both handlers start with.
 static auto bind_inputs() {

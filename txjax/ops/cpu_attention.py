@@ -7,11 +7,12 @@ config on one core, PyTorch's fused kernel 29). The kernel does one (batch row, 
 time in per-thread scratch that stays in cache, reads q, k, v in their [B, T, N, H] layout,
 computes only the lower triangle of causal self-attention, and recomputes the weights in the
 backward pass from the saved log-sum-exp, as FlashAttention does. It computes in float32
-whatever the inputs' dtype, except that bfloat16 heads on a CPU with AMX (`cpu_kernels.amx()`)
-run their five products on the tile unit with bfloat16 operands and float32 sums, the weights P
-and the scores' gradient dS rounded to bfloat16 before their products (FlashAttention's and
-PyTorch's bfloat16 recipe; the softmax and dS itself stay float32). It returns the bias's
-gradient only when the bias is being differentiated (a T5, FIRE or KERPLE bias; not a mask).
+whatever the inputs' dtype, except that bfloat16 heads 32 or more wide on a CPU with AMX
+(`amx_heads`) run their six products on the tile unit with bfloat16 operands and float32 sums,
+the weights P and the scores' gradient dS rounded to bfloat16 before their products
+(FlashAttention's and PyTorch's bfloat16 recipe; the softmax and dS itself stay float32). It
+returns the bias's gradient only when the bias is being differentiated (a T5, FIRE or KERPLE
+bias; not a mask).
 
 The kernel is built with txjax's other CPU kernels (`txjax.ops.cpu_kernels`: on first use, with
 the system's C++ compiler); `cpu_kernels.available()` says whether that worked.
@@ -28,7 +29,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from txjax.ops import cpu_kernels
 from txjax.ops.cpu_kernels import register
+
+
+def amx_heads(head_width: int) -> bool:
+    """Whether bfloat16 heads this wide run their products on AMX tiles here
+    (`cpu_kernels.amx_min_head`)."""
+    return 0 < cpu_kernels.amx_min_head() <= head_width
 
 
 def _call(name: str, results, *args, **attrs):

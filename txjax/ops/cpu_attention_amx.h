@@ -1,8 +1,8 @@
 // Attention's bfloat16 heads on AMX (cpu_amx.h), included by cpu_attention.cc after its Dims,
-// Scratch, softmax_rows and scatter. The five products (q k^T and dO v^T, the weights times v, dS k,
-// dS^T q and P^T dO) take bfloat16 operands and sum in float32, as under PyTorch's autocast or in
-// FlashAttention: the weights P and the scores' gradient dS are rounded to bfloat16 before their
-// products. The softmax, the scale and dS itself stay float32, as in the float32 heads.
+// Scratch, softmax_rows and scatter. The six products (q k^T, again in the backward pass, P v,
+// dO v^T, dS k, dS^T q and P^T dO) take bfloat16 operands and sum in float32, as under PyTorch's
+// autocast or in FlashAttention: the weights P and the scores' gradient dS are rounded to bfloat16
+// before their products. The softmax, the scale and dS itself stay float32, as in the float32 heads.
 #pragma once
 
 #ifdef TXJAX_AMX
@@ -26,12 +26,13 @@ static void rows_to_bf16(const Dims& dm, const Scratch& w, const float* x, uint1
 // y [Sp, Tp] = x [Tp, Sp]^T for the weights (or dS) in bfloat16: the tiles of rows below T and
 // columns within their row_cols (the others stay zero in y).
 static void transpose_weights(const Dims& dm, const Scratch& w, const uint16_t* x, uint16_t* y) {
-  for (int r = 0; r < std::min(dm.T, w.Tp); r += 16)
+  for (int r = 0; r < dm.T; r += 16)
     for (int c = 0, n = row_cols(dm, w, std::min(dm.T, r + 16) - 1); c < n; c += 16)
       tile16<u16x16>(x + (long)r * w.Sp + c, w.Sp, y + (long)c * w.Tp + r, w.Tp);
 }
 
-// The scores q k^T (unscaled: softmax_rows scales them) into w.s, from w.qb and w.kt2.
+// a b^T into w.s (q k^T unscaled, softmax_rows scales it; or dO v^T): a as rows [Tp, Hp], b^T as
+// pairs of h [Hp / 2, Sp, 2].
 static void scores_amx(Scratch& w, const uint16_t* a, const uint16_t* bt2, bool tri) {
   const int Hp = w.Hp, Sp = w.Sp;
   amx_mm(a, Hp, bt2, 2L * Sp, w.s.data(), w.ld, w.Tp,

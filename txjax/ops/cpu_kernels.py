@@ -2,8 +2,8 @@
 
 - `cpu_activation.cc`: GELU and SiLU, forward and backward (`txjax.ops.cpu_activation`);
 - `cpu_attention.cc`: fused attention, forward and backward (`txjax.ops.cpu_attention`), its
-  bfloat16 products on AMX tiles where the CPU has them (`cpu_amx.h`, `cpu_attention_amx.h`, `amx`
-  below);
+  bfloat16 products on AMX tiles where the CPU has them (`cpu_amx.h`, `cpu_attention_amx.h`,
+  `amx_min_head` below);
 - `cpu_norm.cc`: layer norm and RMS norm, forward and backward (`txjax.ops.cpu_norm`);
 - `cpu_transpose.cc`: a 2-D transpose whose operand XLA materializes first (`transpose` below,
   used by `txjax.ops.xla_cpu.transposed` for the weight gradients' x^T).
@@ -109,10 +109,11 @@ def available() -> bool:
 
 
 @functools.cache
-def amx() -> bool:
-    """Whether bfloat16 attention runs its products on AMX tiles here: the kernels were built for a
-    CPU with AMX (`cpu_amx.h`) and Linux grants the tile state. Builds the kernels if needed."""
-    return bool(ctypes.cdll.LoadLibrary(str(build())).TxjaxAmx())
+def amx_min_head() -> int:
+    """The narrowest bfloat16 attention heads that run their products on AMX tiles here, 0 for
+    none: the kernels were built for a CPU with AMX (`cpu_amx.h`) and Linux grants the tile state.
+    Builds the kernels if needed."""
+    return int(ctypes.cdll.LoadLibrary(str(build())).TxjaxAmxMinHead())
 
 
 def transpose(x_KM: jax.Array) -> jax.Array:
