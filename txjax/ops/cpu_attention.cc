@@ -300,14 +300,14 @@ static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, co
   scatter(o, dm.S, dm.K, dm.H, kh, 1.f, dv, w.Hp, add);
 }
 
-// Runs head(scratch, b, n) for every batch row b and query head n (parallel_for). One item is one
-// batch row's query heads that share a key head, in order (so that dk and dv are written by the
-// group's first head before the others add to them).
 // Heads narrower than this keep the float32 FMAs: padded to a tile's 32, they ran 1.4-1.7x slower
 // on AMX (BUILD.md).
 static constexpr int kAmxMinHead = 32;
 
-// `amx`: bfloat16 heads on AMX where it is usable and they are at least kAmxMinHead wide.
+// Runs head(scratch, b, n) for every batch row b and query head n (parallel_for). One item is one
+// batch row's query heads that share a key head, in order (so that dk and dv are written by the
+// group's first head before the others add to them). `amx`: bfloat16 heads on AMX where it is
+// usable and they are at least kAmxMinHead wide.
 template <typename F>
 static void parallel_heads(ffi::ThreadPool& pool, const Dims& dm, bool amx, F head) {
   const int group = dm.N / dm.K;
