@@ -1,8 +1,9 @@
 // The feed-forward's activations for the CPU, forward and backward, called through XLA's FFI
 // (txjax.ops.cpu_activation). XLA:CPU computes GELU's erf and exp at 1-2 ns an element; in the
 // larger bench config's bfloat16 step GELU took 8.5 ms a layer on one core, 51 of the step's 500 ms
-// (BUILD.md). Here each is one pass of 16-lane vectors: y = f(x) forward, dx = dy * f'(x) backward, recomputed from x as
-// txjax.ops.activations does. The work is float32; x, y, dy and dx are float32 or bfloat16.
+// (BUILD.md). Here each is one pass of 16-lane vectors: y = f(x) forward, dx = dy * f'(x) backward,
+// recomputed from x as txjax.ops.activations does. The work is float32; x, y, dy and dx are float32
+// or bfloat16. exp is cpu_kernels.h's vexp.
 #include <cmath>
 
 #include "cpu_kernels.h"
@@ -29,31 +30,14 @@ static inline v16 erf16(v16 x) {
   return x * p / q;
 }
 
-// e^x (Cephes' expf): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by a polynomial, 2^n by the
-// exponent's bits; within 2 ulp of the true value. Below -87.3 it is 0 (not a subnormal number).
-static inline v16 exp16(v16 x_in) {
-  const v16 x = clamp(x_in, -87.3f, 88.37f);
-  const v16 shifter = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
-  const v16 n = (x * 1.44269504088896341f + shifter) - shifter;
-  const v16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  v16 p = splat(1.9875691500e-4f);
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = p * r + c;
-  p = p * (r * r) + r + 1.f;
-  const vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
-  v16 scale;
-  std::memcpy(&scale, &bits, 64);
-  return x_in < -87.3f ? splat(0.f) : p * scale;
-}
-
 // GELU (exact): x Phi(x) and its derivative Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2.
 static constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
 static inline v16 gelu(v16 x) { return 0.5f * x * (1.f + erf16(x * kSqrtHalf)); }
 static inline v16 gelu_grad(v16 x) {
-  return 0.5f * (1.f + erf16(x * kSqrtHalf)) + x * kInvSqrt2Pi * exp16(-0.5f * x * x);
+  return 0.5f * (1.f + erf16(x * kSqrtHalf)) + x * kInvSqrt2Pi * vexp(-0.5f * x * x);
 }
 // SiLU: x s(x) and s(x) (1 + x (1 - s(x))), s the logistic sigmoid 1 / (1 + e^-x).
-static inline v16 sigmoid(v16 x) { return 1.f / (1.f + exp16(-x)); }
+static inline v16 sigmoid(v16 x) { return 1.f / (1.f + vexp(-x)); }
 static inline v16 silu(v16 x) { return x * sigmoid(x); }
 static inline v16 silu_grad(v16 x) {
   const v16 s = sigmoid(x);

@@ -13,25 +13,6 @@
 #include "cpu_amx.h"
 #include "cpu_kernels.h"
 
-// exp(x) for x <= 0; x < -87 (and -inf) gives exactly 0. Cephes' expf polynomial.
-static inline v16 vexp(v16 x) {
-  vi16 tiny = x < -87.0f;
-  x = tiny ? splat(-87.0f) : x;
-  v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
-  v16 scale;
-  std::memcpy(&scale, &bits, 64);
-  return tiny ? splat(0.f) : p * scale;
-}
-
 enum Range { kAll = 0, kLower = 1, kUpper = 2 };
 
 // C[i, :16WC] = sum_k A(i, k) Bm[k, :16WC] with A(i, k) = A[i*ai + k*ak], 4 rows at a time.

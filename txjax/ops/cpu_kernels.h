@@ -48,6 +48,27 @@ static inline float hmax(v16 v) {
   return std::max(std::max(x[0], x[2]), std::max(x[1], x[3]));
 }
 
+// e^x (Cephes' expf): x = n ln 2 + r, e^r by a polynomial, 2^n by the exponent's bits. x < -87 (and
+// -inf) gives exactly 0; x above 88.37 is taken as 88.37 (e^x near the largest float); NaN stays NaN.
+static inline v16 vexp(v16 x) {
+  vi16 tiny = x < -87.0f;
+  x = tiny ? splat(-87.0f) : x;
+  x = x > 88.37f ? splat(88.37f) : x;
+  v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  v16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, 64);
+  return tiny ? splat(0.f) : p * scale;
+}
+
 // 16 lanes of 2- or 4-byte elements: one 16 x 16 tile is 16 of them.
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
