@@ -112,7 +112,7 @@ def _bf16(x):
 
 
 def _flash_bf16(q, k, v, bias, scale):
-    """Attention as its bfloat16 products compute it on AMX, from the formula in float32: q k^T and
+    """Attention as the kernel's bfloat16 products compute it, from the formula in float32: q k^T and
     dO v^T of the bfloat16 inputs, the softmax and dS = P (dP - rowsum(dO O)) in float32, and P
     and dS rounded to bfloat16 before the products P v, dS k, dS^T q and P^T dO (FlashAttention's
     recipe). Returns out and a function of d_out giving dq, dk, dv."""
@@ -131,25 +131,27 @@ def _flash_bf16(q, k, v, bias, scale):
 
 @pytest.mark.parametrize("h", [16, 32])
 def test_bfloat16_inputs_return_bfloat16(h):
-    """Without AMX (and for heads narrower than it takes) the kernel computes in float32 and rounds
-    once; with it, P is rounded before P v."""
+    """Without bfloat16 products (and for heads narrower than they take) the kernel computes in
+    float32 and rounds once; with them, P is rounded before P v."""
     q, k, v, _ = _inputs(2, 9, 9, 2, 2, h)
     out = cpu_attention.attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)))
     q, k, v = (_bf16(x) for x in (q, k, v))
-    amx = cpu_attention.amx_heads(h)
-    ref = _flash_bf16(q, k, v, None, h**-0.5)[0] if amx else ops.dot_product_attention(q, k, v)
+    dot16 = cpu_attention.bf16_heads(h)
+    ref = _flash_bf16(q, k, v, None, h**-0.5)[0] if dot16 else ops.dot_product_attention(q, k, v)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=2**-8, atol=1e-6)  # one bfloat16 rounding
 
 
-@pytest.mark.skipif(not cpu_attention.amx_heads(32), reason="no AMX here: bfloat16 heads compute in float32")
+@pytest.mark.skipif(not cpu_attention.bf16_heads(32),
+                    reason="no AMX or AVX512-BF16 here: bfloat16 heads compute in float32")
 @pytest.mark.parametrize("b,t,s,n,h,kind,causal", [
     (2, 40, 40, 3, 80, "causal", True), (1, 200, 200, 2, 64, "causal", True), (2, 13, 20, 2, 32, "none", False),
     (3, 6, 6, 2, 48, "padding", False), (2, 33, 33, 4, 32, "relative", True)])
-def test_bfloat16_products_on_amx_are_flash_attention_in_bfloat16(b, t, s, n, h, kind, causal):
-    """The AMX heads against `_flash_bf16` (the same roundings, other orders of float32 sums): one
-    bfloat16 step at the largest magnitude for the output and every gradient; causal blocks skipped,
-    head widths padded to 32, keys not a multiple of 32, a row with no visible key, a bias."""
+def test_bfloat16_products_are_flash_attention_in_bfloat16(b, t, s, n, h, kind, causal):
+    """The heads with bfloat16 products (AMX or AVX512-BF16) against `_flash_bf16` (the same
+    roundings, other orders of float32 sums): one bfloat16 step at the largest magnitude for the
+    output and every gradient; causal blocks skipped, head widths padded to 32, keys not a multiple
+    of 32, a row with no visible key, a bias."""
     q, k, v, d_out = (_bf16(x) for x in _inputs(b, t, s, n, n, h))
     bias = _bias(kind, b, t, s, n)
     scale = 1 / np.sqrt(h)
@@ -166,8 +168,8 @@ def test_bfloat16_products_on_amx_are_flash_attention_in_bfloat16(b, t, s, n, h,
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(kv_heads):
     """bfloat16 q, k, v go into the kernel as they are (K = N) and out comes bfloat16, rounded
-    to nearest even as XLA's convert rounds the float32 path's output: the same bits (with AMX,
-    within a rounding: its P is rounded before P v, and its dS before dS k and dS^T q). Their
+    to nearest even as XLA's convert rounds the float32 path's output: the same bits (with bfloat16
+    products, within a rounding: its P is rounded before P v, and its dS before dS k and dS^T q). Their
     gradients come out of the kernel in bfloat16 too; the backward's rowsum(dO * O) reads the
     rounded O (FlashAttention's choice), so they are held to the float32 gradient of the same
     bfloat16 numbers within a bfloat16 step at the largest magnitude, as the float32 path's are.
@@ -189,15 +191,15 @@ def test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(kv_heads):
 
     call = next(line for line in jax.jit(kernel).lower(q, k, v).as_text().splitlines() if "txjax_attention_forward" in line)
     assert ("bf16" in call) == (kv_heads == 4)
-    amx = kv_heads == 4 and cpu_attention.amx_heads(24)  # then P is rounded to bfloat16 before P v
+    dot16 = kv_heads == 4 and cpu_attention.bf16_heads(24)  # then P is rounded to bfloat16 before P v
     got, f32 = (np.asarray(jax.jit(f)(q, k, v), np.float32) for f in (kernel, float32_path))
-    np.testing.assert_allclose(got, f32, rtol=0, atol=2**-7 * np.abs(f32).max() if amx else 0)
+    np.testing.assert_allclose(got, f32, rtol=0, atol=2**-7 * np.abs(f32).max() if dot16 else 0)
     got, f32, want = ([np.asarray(g, np.float32) for g in jax.jit(jax.grad(
         lambda q, k, v: jnp.sum(w * f(q, k, v).astype(jnp.float32)), (0, 1, 2)))(q, k, v)]
         for f in (kernel, float32_path, exact))
     for g, f, e in zip(got, f32, want):
         step = 2**-7 * np.abs(e).max()  # one bfloat16 step at the largest gradient (measured errors: 2^-8 to 2^-7)
-        np.testing.assert_allclose(g, e, rtol=0, atol=2 * step if amx else step)  # AMX: P and dS rounded too
+        np.testing.assert_allclose(g, e, rtol=0, atol=2 * step if dot16 else step)  # P and dS rounded too
         np.testing.assert_allclose(f, e, rtol=0, atol=step)
 
 
@@ -286,7 +288,7 @@ def test_the_kernels_built_for_the_x86_64_baseline_match_the_reference(tmp_path)
             "             (3, 9, 12, 2, 1, 8, 'padding', True, False), (2, 13, 13, 4, 2, 16, 'relative', True, True)]:\n"
             "    t._check(*case)\n"
             "t.test_bfloat16_is_read_and_written_by_the_kernel_with_one_rounding(4)\n"
-            "assert t.cpu_kernels.amx_min_head() == 0\n"
+            "assert t.cpu_kernels.bf16_min_head() == 0\n"
             "k.test_transpose_of_large_arrays_split_over_threads((1000, 600), k.jnp.float32)\n"
             "k.test_transpose_of_large_arrays_split_over_threads((4099, 131), k.jnp.bfloat16)\n"
             "import test_cpu_norm as nm\n"

@@ -4,13 +4,13 @@
 // its query heads' scores, softmax and products run in per-thread scratch, so the [B, N, T, S]
 // scores never leave the cache and no heads-major copy of q, k or v is made. With S == T and
 // `causal`, only the lower triangle is computed. The backward pass recomputes the weights from the
-// saved log-sum-exp (as FlashAttention does). bfloat16 heads on a CPU with AMX run their products
-// on the tiles instead (cpu_attention_amx.h).
+// saved log-sum-exp (as FlashAttention does). bfloat16 heads on a CPU with bfloat16 products (AMX
+// or AVX512-BF16) run their products in bfloat16 instead (cpu_attention_bf16.h).
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
-#include "cpu_amx.h"
+#include "cpu_bf16_dot.h"
 #include "cpu_kernels.h"
 
 enum Range { kAll = 0, kLower = 1, kUpper = 2 };
@@ -98,25 +98,25 @@ struct Dims {
   long bias_b, bias_n;  // the bias's strides over batch and heads
 };
 
-// One thread's buffers. With `amx` (bfloat16 on AMX: cpu_attention_amx.h) the products' operands
+// One thread's buffers. With `dot16` (bfloat16 products: cpu_attention_bf16.h) the products' operands
 // are bfloat16 copies padded to multiples of 32 (Hp, Sp, Tp): q, k and v as rows (qb, kb, vb), k^T
 // and v^T as pairs of h (kt2, vt2), k, v, q and dO as pairs of rows (k2, v2, q2, d2), the weights
 // and the scores' gradient as rows (pb, sb) and transposed (pt, st).
 struct Scratch {
-  bool amx;
+  bool dot16;
   int Hp, Sp, Tp;
   long ld;  // the row stride of kt, vt, s and p: Sp, padded off multiples of 64 (256 bytes), whose
             // rows would all map to the same few L1 sets
   std::vector<float> q, k, kt, v, vt, o, d, s, p, m;
   std::vector<uint16_t> qb, kb, vb, db, kt2, vt2, q2, k2, v2, d2, pb, sb, pt, st;
-  Scratch(const Dims& dm, bool amx)
-      : amx(amx), Hp(amx ? round32(dm.H) : round16(dm.H)), Sp(amx ? round32(dm.S) : round16(dm.S)),
+  Scratch(const Dims& dm, bool dot16)
+      : dot16(dot16), Hp(dot16 ? round32(dm.H) : round16(dm.H)), Sp(dot16 ? round32(dm.S) : round16(dm.S)),
         Tp(round32(dm.T)), ld(Sp % 64 ? Sp : Sp + 16) {
     long rows = round16(std::max(dm.T, dm.S)) + 16;
     for (auto* x : {&s, &p}) x->assign((round16(dm.T) + 16) * ld + 64, 0.f);
     m.assign(dm.T, 0.f);
     o.assign(rows * Hp + 64, 0.f);
-    if (amx) {
+    if (dot16) {
       const long R = std::max(Tp, Sp);
       for (auto* x : {&qb, &kb, &vb, &db, &kt2, &vt2, &q2, &k2, &v2, &d2}) x->assign(R * Hp, 0);
       for (auto* x : {&pb, &sb, &pt, &st}) x->assign((long)Tp * Sp, 0);
@@ -219,15 +219,15 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const
   }
 }
 
-#include "cpu_attention_amx.h"
+#include "cpu_attention_bf16.h"
 
 // Query head n of one batch row: out [T, N, H] and lse [T] (its log-sum-exp per query).
 template <typename T>
 static void forward_head(Scratch& w, const Dims& dm, const T* q, const T* k, const T* v, const float* bias_TS, int n,
                          T* out, float* lse) {
-#ifdef TXJAX_AMX
+#ifdef TXJAX_BF16_DOT
   if constexpr (std::is_same_v<T, bf16>)
-    if (w.amx) return forward_head_amx(w, dm, q, k, v, bias_TS, n, out, lse);
+    if (w.dot16) return forward_head_bf16(w, dm, q, k, v, bias_TS, n, out, lse);
 #endif
   const int kh = n / (dm.N / dm.K), hc = w.Hp / 16;
   const bool tri = dm.causal && dm.S == dm.T;
@@ -247,9 +247,9 @@ template <typename T>
 static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, const T* v, const float* bias_TS,
                           const T* out, const float* lse, const T* dout, int n, T* dq, T* dk, T* dv,
                           float* dbias_TS) {
-#ifdef TXJAX_AMX
+#ifdef TXJAX_BF16_DOT
   if constexpr (std::is_same_v<T, bf16>)
-    if (w.amx) return backward_head_amx(w, dm, q, k, v, bias_TS, out, lse, dout, n, dq, dk, dv, dbias_TS);
+    if (w.dot16) return backward_head_bf16(w, dm, q, k, v, bias_TS, out, lse, dout, n, dq, dk, dv, dbias_TS);
 #endif
   const int group = dm.N / dm.K, kh = n / group, hc = w.Hp / 16;
   const bool tri = dm.causal && dm.S == dm.T, add = n % group != 0;
@@ -281,19 +281,19 @@ static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, co
   scatter(o, dm.S, dm.K, dm.H, kh, 1.f, dv, w.Hp, add);
 }
 
-// Heads narrower than this keep the float32 FMAs: padded to a tile's 32, they ran 1.4-1.7x slower
-// on AMX (BUILD.md).
-static constexpr int kAmxMinHead = 32;
+// Heads narrower than this keep the float32 FMAs: padded to 32, they ran 1.4-1.7x slower on AMX,
+// and 16 wide 1.05-1.2x slower on AVX512-BF16 (BUILD.md).
+static constexpr int kBf16MinHead = 32;
 
 // Runs head(scratch, b, n) for every batch row b and query head n (parallel_for). One item is one
 // batch row's query heads that share a key head, in order (so that dk and dv are written by the
-// group's first head before the others add to them). `amx`: bfloat16 heads on AMX where it is
-// usable and they are at least kAmxMinHead wide.
+// group's first head before the others add to them). `dot16`: bfloat16 heads on the CPU's bfloat16
+// products where they are usable and the heads at least kBf16MinHead wide.
 template <typename F>
-static void parallel_heads(ffi::ThreadPool& pool, const Dims& dm, bool amx, F head) {
+static void parallel_heads(ffi::ThreadPool& pool, const Dims& dm, bool dot16, F head) {
   const int group = dm.N / dm.K;
-  amx = amx && dm.H >= kAmxMinHead && amx_usable();
-  parallel_for(pool, dm.B * dm.K, [dm, amx]() { return Scratch(dm, amx); }, [dm, group, head](Scratch& w, int i) {
+  dot16 = dot16 && dm.H >= kBf16MinHead && bf16_dot_usable();
+  parallel_for(pool, dm.B * dm.K, [dm, dot16]() { return Scratch(dm, dot16); }, [dm, group, head](Scratch& w, int i) {
     for (int n = i % dm.K * group; n < (i % dm.K + 1) * group; ++n) head(w, i / dm.K, n);
   });
 }
@@ -348,9 +348,9 @@ static ffi::Error backward(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   });
 }
 
-// The narrowest bfloat16 heads that run their products on AMX here, 0 for none
-// (txjax.ops.cpu_attention.amx_heads).
-extern "C" int TxjaxAmxMinHead() { return amx_usable() ? kAmxMinHead : 0; }
+// The narrowest bfloat16 heads that run their products in bfloat16 here, 0 for none
+// (txjax.ops.cpu_attention.bf16_heads).
+extern "C" int TxjaxBf16MinHead() { return bf16_dot_usable() ? kBf16MinHead : 0; }
 
 // q, k, v and the bias: the arguments both handlers start with.
 static auto bind_inputs() {

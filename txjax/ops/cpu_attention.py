@@ -7,9 +7,10 @@ config on one core, PyTorch's fused kernel 29). The kernel does one (batch row, 
 time in per-thread scratch that stays in cache, reads q, k, v in their [B, T, N, H] layout,
 computes only the lower triangle of causal self-attention, and recomputes the weights in the
 backward pass from the saved log-sum-exp, as FlashAttention does. It computes in float32
-whatever the inputs' dtype, except that bfloat16 heads 32 or more wide on a CPU with AMX
-(`amx_heads`) run their six products on the tile unit with bfloat16 operands and float32 sums,
-the weights P and the scores' gradient dS rounded to bfloat16 before their products
+whatever the inputs' dtype, except that bfloat16 heads 32 or more wide on a CPU with bfloat16
+products (`bf16_heads`: AMX tiles, or AVX512-BF16's vdpbf16ps) run their six products with
+bfloat16 operands and float32 sums, the weights P and the scores' gradient dS rounded to bfloat16
+before their products
 (FlashAttention's and PyTorch's bfloat16 recipe; the softmax and dS itself stay float32). It
 returns the bias's gradient only when the bias is being differentiated (a T5, FIRE or KERPLE
 bias; not a mask).
@@ -33,10 +34,10 @@ from txjax.ops import cpu_kernels
 from txjax.ops.cpu_kernels import register
 
 
-def amx_heads(head_width: int) -> bool:
-    """Whether bfloat16 heads this wide run their products on AMX tiles here
-    (`cpu_kernels.amx_min_head`)."""
-    return 0 < cpu_kernels.amx_min_head() <= head_width
+def bf16_heads(head_width: int) -> bool:
+    """Whether bfloat16 heads this wide run their products in bfloat16 here
+    (`cpu_kernels.bf16_min_head`)."""
+    return 0 < cpu_kernels.bf16_min_head() <= head_width
 
 
 def _call(name: str, results, *args, **attrs):
@@ -85,7 +86,7 @@ def attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, bias: jax
 
     `causal`: the caller promises the bias hides every key after its query (S == T), and the
     kernel skips them. The bias is taken as float32 [B|1, N|1, T, S]; q, k, v are computed in
-    float32 (on AMX, bfloat16 products: the module's docstring) and the output has v's dtype.
+    float32 (or with bfloat16 products: the module's docstring) and the output has v's dtype.
     bfloat16 q, k and v are read and their output and gradients written in bfloat16 by the kernel
     itself (rounded once, as XLA's converts would), except with grouped queries, whose key
     gradients sum over the group in float32. Builds the kernels on first use (`cpu_kernels.build`).
