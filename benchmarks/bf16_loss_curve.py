@@ -1,7 +1,7 @@
 """Does mixed bfloat16 train like float32? The MNIST cpu preset, both dtypes, same seed, same batches.
 
     python benchmarks/bf16_loss_curve.py --steps 200          # ~2 min on 2 cores
-    python benchmarks/bf16_loss_curve.py --seed 1             # another seed (BUILD.md states the tolerance from 0, 1, 2)
+    python benchmarks/bf16_loss_curve.py --seed 1             # another seed (BUILD.md: seeds 0, 1, 2)
 
 Runs `experiments/train_gpt.py --preset cpu` twice (float32, then bfloat16) for `--steps`
 steps with a row of metrics per step, into a temporary folder, and compares the two

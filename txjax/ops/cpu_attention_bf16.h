@@ -1,8 +1,9 @@
 // Attention's bfloat16 heads on the CPU's bfloat16 products (cpu_bf16_dot.h: AMX or AVX512-BF16),
-// included by cpu_attention.cc after its Dims, Scratch, softmax_rows and scatter. The six products (q k^T, again in the backward pass, P v,
-// dO v^T, dS k, dS^T q and P^T dO) take bfloat16 operands and sum in float32, as under PyTorch's
-// autocast or in FlashAttention: the weights P and the scores' gradient dS are rounded to bfloat16
-// before their products. The softmax, the scale and dS itself stay float32, as in the float32 heads.
+// included by cpu_attention.cc after its Dims, Scratch, softmax_rows and scatter. The six products
+// (q k^T, again in the backward pass, P v, dO v^T, dS k, dS^T q and P^T dO) take bfloat16 operands
+// and sum in float32, as under PyTorch's autocast or in FlashAttention: the weights P and the
+// scores' gradient dS are rounded to bfloat16 before their products. The softmax, the scale and dS
+// itself stay float32, as in the float32 heads.
 #pragma once
 
 #ifdef TXJAX_BF16_DOT
