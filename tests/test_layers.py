@@ -100,11 +100,12 @@ def test_causal_block_size_is_validated():
     assert ExecutionConfig(causal_block_size=None).causal_block_size is None
 
 
-@pytest.mark.parametrize("d_in,d_out", [(4, 12), (12, 4), (6, 6)])  # x narrower, dy narrower, equal
+# x narrower, dy narrower, equal; dy much narrower: (dy^T x)^T
+@pytest.mark.parametrize("d_in,d_out", [(4, 12), (12, 4), (6, 6), (12, 1)])
 @pytest.mark.parametrize("jit", [True, False])
 def test_dense_equals_nnx_linear_values_and_gradients(d_in, d_out, jit):
     """Dense: nnx.Linear's parameters and values; on CPU float32 its custom kernel gradient
-    (x^T dy, or (dy^T x)^T when dy is narrower) equals autodiff's."""
+    (x^T dy, or (dy^T x)^T when dy is much narrower: `matmul_tn`) equals autodiff's."""
     dense = Dense(d_in, d_out, xla_cpu_grads=True, rngs=nnx.Rngs(0))  # the custom path under test
     linear = nnx.Linear(d_in, d_out, rngs=nnx.Rngs(0))
     for a, b in zip(jax.tree.leaves(nnx.state(dense)), jax.tree.leaves(nnx.state(linear))):
@@ -158,6 +159,25 @@ def test_transposed_is_the_exact_transpose(dtype, shape, jit):
     got = (jax.jit(xla_cpu.transposed) if jit else xla_cpu.transposed)(x)
     assert got.dtype == x.dtype
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(jnp.swapaxes(x, -1, -2), np.float32))
+
+
+@pytest.mark.parametrize("k,m,n,transposes", [(10, 3, 5, "a"), (10, 12, 4, "a"), (10, 12, 1, "b"), (40, 12, 2, "b")])
+@pytest.mark.parametrize("jit", [True, False])
+def test_matmul_tn_is_a_transpose_b_whichever_operand_it_transposes(k, m, n, transposes, jit):
+    """matmul_tn(a [k, m], b [k, n]) = a^T b, exactly as the plain dot sums it, in both forms: a^T
+    as the left operand (m <= n, or transposing a costs less than b and the [n, m] result together,
+    at SWAPPED_RESULT_COST per result element), or (b^T a)^T. With the kernels built, the operand
+    they transpose is the one the rule picks."""
+    from txjax.ops import cpu_kernels
+
+    assert (k * m <= k * n + xla_cpu.SWAPPED_RESULT_COST * m * n or m <= n) == (transposes == "a")
+    a, b = (jax.random.normal(jax.random.key(i), s) for i, s in enumerate([(k, m), (k, n)]))
+    got = (jax.jit(xla_cpu.matmul_tn) if jit else xla_cpu.matmul_tn)(a, b)
+    np.testing.assert_allclose(got, jnp.einsum("km,kn->mn", a, b, precision="highest"), rtol=1e-6, atol=1e-6)
+    if cpu_kernels.available():
+        call = next(line for line in jax.jit(xla_cpu.matmul_tn).lower(a, b).compile().as_text().splitlines()
+                    if 'custom_call_target="txjax_transpose"' in line)
+        assert f"f32[{k},{m if transposes == 'a' else n}]" in call.split("custom-call")[1]
 
 
 @pytest.mark.parametrize("form", ["nn", "nt"])

@@ -89,12 +89,21 @@ def transposed(x_KM: jax.Array) -> jax.Array:
     return _dot("MJ,KJ->MK", eye_MM, x_KM, x_KM.dtype)
 
 
+SWAPPED_RESULT_COST = 8
+"""What `matmul_tn` counts per element of a 2-D (weight-gradient) result it would transpose, against
+one for each element of an operand it transposes: the swapped result's transpose is fused into the
+optimizer's update, whose strided reads took ~2.7 ns an element against ~0.37 for the kernel's
+transpose of an operand (BUILD.md, the larger config's bfloat16 step)."""
+
+
 def matmul_tn(a_KM: jax.Array, b_KN: jax.Array, out_dtype=None) -> jax.Array:
     """a^T b, contracting the second-to-last axis of both (batch axes before it), as an
     [M, K] @ [K, N] dot: the narrower of a and b is `transposed`; when that is b, the
-    product is taken as (b^T a)^T and its small [N, M] result transposed."""
+    product is taken as (b^T a)^T and its [N, M] result transposed, unless (2-D) transposing a
+    costs less than b and the result together (`SWAPPED_RESULT_COST`)."""
     out_dtype = a_KM.dtype if out_dtype is None else out_dtype
-    if a_KM.shape[-1] <= b_KN.shape[-1]:
+    k, m, n = b_KN.shape[-2], a_KM.shape[-1], b_KN.shape[-1]
+    if m <= n or (a_KM.ndim == 2 and k * m <= k * n + SWAPPED_RESULT_COST * m * n):
         return _dot("...MK,...KN->...MN", transposed(a_KM), b_KN, out_dtype)
     return swap_copy(_dot("...NK,...KM->...NM", transposed(b_KN), a_KM, out_dtype))
 
