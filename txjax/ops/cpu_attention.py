@@ -10,10 +10,9 @@ backward pass from the saved log-sum-exp, as FlashAttention does. It computes in
 whatever the inputs' dtype, except that bfloat16 heads 32 or more wide on a CPU with bfloat16
 products (`bf16_heads`: AMX tiles, or AVX512-BF16's vdpbf16ps) run their six products with
 bfloat16 operands and float32 sums, the weights P and the scores' gradient dS rounded to bfloat16
-before their products
-(FlashAttention's and PyTorch's bfloat16 recipe; the softmax and dS itself stay float32). It
-returns the bias's gradient only when the bias is being differentiated (a T5, FIRE or KERPLE
-bias; not a mask).
+before their products (FlashAttention's and PyTorch's bfloat16 recipe; the softmax and dS itself
+stay float32). It returns the bias's gradient only when the bias is being differentiated (a T5,
+FIRE or KERPLE bias; not a mask).
 
 The kernel is built with txjax's other CPU kernels (`txjax.ops.cpu_kernels`: on first use, with
 the system's C++ compiler); `cpu_kernels.available()` says whether that worked.

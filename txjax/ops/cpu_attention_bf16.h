@@ -37,7 +37,7 @@ static void transpose_weights(const Dims& dm, const Scratch& w, const uint16_t* 
 static void scores_bf16(Scratch& w, const uint16_t* a, const uint16_t* bt2, bool tri) {
   const int Hp = w.Hp, Sp = w.Sp;
   bf16_mm(a, Hp, bt2, 2L * Sp, w.s.data(), w.ld, w.Tp,
-         [=](int m0) { return TileRange{0, Hp, tri ? std::min(Sp, m0 + 32) : Sp}; });
+          [=](int m0) { return TileRange{0, Hp, tri ? std::min(Sp, m0 + 32) : Sp}; });
 }
 
 // Into w: q, k and v of head n as bfloat16 rows, and k^T and v^T as pairs of h.
@@ -49,7 +49,7 @@ static void gather_bf16(Scratch& w, const Dims& dm, const bf16* q, const bf16* k
 }
 
 static void forward_head_bf16(Scratch& w, const Dims& dm, const bf16* q, const bf16* k, const bf16* v,
-                             const float* bias_TS, int n, bf16* out, float* lse) {
+                              const float* bias_TS, int n, bf16* out, float* lse) {
   const int kh = n / (dm.N / dm.K), Hp = w.Hp, Sp = w.Sp;
   const bool tri = dm.causal && dm.S == dm.T;
   Bf16Unit unit;
@@ -59,13 +59,13 @@ static void forward_head_bf16(Scratch& w, const Dims& dm, const bf16* q, const b
   softmax_rows(w, dm, bias_TS, nullptr, lse, dm.scale);
   rows_to_bf16(dm, w, w.p.data(), w.pb.data());
   bf16_mm(w.pb.data(), Sp, w.v2.data(), 2L * Hp, w.o.data(), Hp, w.Tp,
-         [=](int m0) { return TileRange{0, tri ? std::min(Sp, m0 + 32) : Sp, Hp}; });
+          [=](int m0) { return TileRange{0, tri ? std::min(Sp, m0 + 32) : Sp, Hp}; });
   scatter(w.o.data(), dm.T, dm.N, dm.H, n, 1.f, out, Hp, false);
 }
 
 static void backward_head_bf16(Scratch& w, const Dims& dm, const bf16* q, const bf16* k, const bf16* v,
-                              const float* bias_TS, const bf16* out, const float* lse, const bf16* dout, int n,
-                              bf16* dq, bf16* dk, bf16* dv, float* dbias_TS) {
+                               const float* bias_TS, const bf16* out, const float* lse, const bf16* dout, int n,
+                               bf16* dq, bf16* dk, bf16* dv, float* dbias_TS) {
   const int group = dm.N / dm.K, kh = n / group, Hp = w.Hp, Sp = w.Sp, Tp = w.Tp;
   const bool tri = dm.causal && dm.S == dm.T, add = n % group != 0;
   Bf16Unit unit;
@@ -98,7 +98,7 @@ static void backward_head_bf16(Scratch& w, const Dims& dm, const bf16* q, const 
   transpose_weights(dm, w, w.sb.data(), w.st.data());
   float* o = w.o.data();  // dq, then dk, then dv
   bf16_mm(w.sb.data(), Sp, w.k2.data(), 2L * Hp, o, Hp, Tp,
-         [=](int m0) { return TileRange{0, tri ? std::min(Sp, m0 + 32) : Sp, Hp}; });
+          [=](int m0) { return TileRange{0, tri ? std::min(Sp, m0 + 32) : Sp, Hp}; });
   scatter(o, dm.T, dm.N, dm.H, n, dm.scale, dq, Hp, false);
   auto upper = [=](int m0) { return TileRange{tri ? m0 : 0, Tp, Hp}; };  // keys [m0, m0 + 32): queries from m0
   bf16_mm(w.st.data(), Tp, w.q2.data(), 2L * Hp, o, Hp, Sp, upper);

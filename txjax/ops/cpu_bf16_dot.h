@@ -1,8 +1,9 @@
 // bfloat16 products with float32 sums for txjax's CPU kernels, and the layouts their operands take:
 // on Intel's AMX tiles where the compiler targets them (-march=native on a CPU with amx_tile and
 // amx_bf16, and Linux grants the tile state: `bf16_dot_usable()`), else by AVX512-BF16's dot
-// products of pairs (vdpbf16ps: AMD Zen 4, Intel Cooper Lake). Both sum each product exactly into
-// float32. Elsewhere the kernels keep their float32 vector code.
+// products of pairs (vdpbf16ps: AMD Zen 4, Intel Cooper Lake). In both, a product of two bfloat16
+// numbers is exact in float32 and the sums are float32 (subnormals flushed to zero), in orders of
+// their own. Elsewhere the kernels keep their float32 vector code.
 #pragma once
 
 #include "cpu_kernels.h"
