@@ -173,29 +173,48 @@ static inline int row_keys(const Dims& dm, int t) {
   return dm.causal ? std::min(dm.S, std::max(0, t + dm.S - dm.T + 1)) : dm.S;
 }
 
-// P[t, :] = exp(S[t, :] + bias - lse[t]) on the row's visible keys, 0 elsewhere up to Sp, from the
-// forward pass's saved_lse; without it, computes the softmax and writes lse_out (the log-sum-exp,
-// +inf for a row with no visible key). Each pass runs over every row before the next starts: a row
-// alone is one chain of dependent steps (maximum, sum, scale), which the rows run side by side.
-// The scores are S times `scale` (1: q came scaled), which the passes apply as they read S (a
-// positive scale: the maximum of the scaled row is the scaled maximum, rounded alike).
+// Zeros in row x after its keys rounded up to 16 (nk16): to Sp, or, in causal self-attention
+// without a bias gradient, only the next 16, all that the products read there (the bfloat16
+// copies' 32-column blocks; the rest stays as the scratch was made, zero).
+static inline void zero_tail(const Dims& dm, const Scratch& w, float* x, int nk16, bool all = false) {
+  if (!all && dm.causal && dm.S == dm.T) {
+    if (nk16 < w.Sp) store(x + nk16, splat(0.f));
+    return;
+  }
+  for (int j = nk16; j < w.Sp; ++j) x[j] = 0.f;
+}
+
+// P[t, :] = exp(S[t, :] * scale + bias - lse[t]) on the row's visible keys, 0 after them
+// (zero_tail), from the forward pass's saved_lse; without it, computes the softmax and writes
+// lse_out (the log-sum-exp, +inf for a row with no visible key), and P normalized into pb as
+// bfloat16 rows (on their row_cols) where pb is given, else in place. Each pass runs over every
+// row before the next starts: a row alone is one chain of dependent steps (maximum, sum, scale),
+// which the rows run side by side. Without a bias, a positive scale is applied as the passes read
+// S (1: q came scaled; the maximum of the scaled row is the scaled maximum, rounded alike); with
+// one, S * scale + bias is written back in the first pass.
 static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const float* saved_lse, float* lse_out,
-                         float scale = 1.f) {
-  float* m = w.m.data();  // each row's maximum, then (without saved_lse) 1 / its sum
-  const bool early = bias_TS || !(scale > 0.f);  // scaled before the bias is added, in a pass of its own
+                         float scale = 1.f, uint16_t* pb = nullptr) {
+  float* m = w.m.data();  // each row's maximum (or saved lse), then (without saved_lse) 1 / its sum
+  const bool early = bias_TS || !(scale > 0.f);
   const float sc = early ? 1.f : scale;
   for (int t = 0; t < dm.T; ++t) {
     float* s = w.s.data() + t * w.ld;
-    int nk = row_keys(dm, t), nk16 = round16(nk);
-    if (early && scale != 1.f) for (int j = 0; j < nk16; j += 16) store(s + j, load(s + j) * scale);
-    if (bias_TS) for (int j = 0; j < nk; ++j) s[j] += bias_TS[(long)t * dm.S + j];
-    for (int j = nk; j < nk16; ++j) s[j] = -INFINITY;
+    const int nk = row_keys(dm, t), nk16 = round16(nk);
+    int j = 0;
+    if (bias_TS) {
+      const float* b = bias_TS + (long)t * dm.S;
+      for (; j + 16 <= nk; j += 16) store(s + j, load(s + j) * scale + load(b + j));
+      for (; j < nk; ++j) s[j] = s[j] * scale + b[j];
+    } else if (early && scale != 1.f) {
+      for (; j < nk16; j += 16) store(s + j, load(s + j) * scale);
+    }
+    for (j = nk; j < nk16; ++j) s[j] = -INFINITY;
     if (saved_lse) {
       m[t] = saved_lse[t];
       continue;
     }
     v16 mv = splat(-INFINITY);
-    for (int j = 0; j < nk16; j += 16) { v16 x = load(s + j); mv = x > mv ? x : mv; }
+    for (j = 0; j < nk16; j += 16) { v16 x = load(s + j); mv = x > mv ? x : mv; }
     float mt = hmax(mv) * sc;
     m[t] = std::isfinite(mt) ? mt : 0.f;
   }
@@ -205,7 +224,7 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const
     int nk16 = round16(row_keys(dm, t));
     v16 sum = splat(0.f);
     for (int j = 0; j < nk16; j += 16) { v16 e = vexp(load(s + j) * sc - m[t]); store(p + j, e); sum += e; }
-    for (int j = nk16; j < w.Sp; ++j) p[j] = 0.f;
+    zero_tail(dm, w, p, nk16);
     if (saved_lse) continue;
     float l = hsum(sum);
     lse_out[t] = l > 0.f ? m[t] + std::log(l) : INFINITY;
@@ -214,6 +233,11 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const
   if (saved_lse) return;
   for (int t = 0; t < dm.T; ++t) {
     float* p = w.p.data() + t * w.ld;
+    if (pb) {
+      for (int j = 0, n = std::min(w.Sp, round32(row_keys(dm, t))); j < n; j += 16)
+        store16((bf16*)pb + (long)t * w.Sp + j, load(p + j) * m[t]);
+      continue;
+    }
     int nk16 = round16(row_keys(dm, t));
     for (int j = 0; j < nk16; j += 16) store(p + j, load(p + j) * m[t]);
   }
@@ -269,7 +293,7 @@ static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, co
     const float* p = w.p.data() + t * w.ld;
     int nk16 = round16(row_keys(dm, t));
     for (int j = 0; j < nk16; j += 16) store(s + j, load(p + j) * (load(s + j) - dd));
-    for (int j = nk16; j < w.Sp; ++j) s[j] = 0.f;
+    zero_tail(dm, w, s, nk16, dbias_TS != nullptr);
     if (dbias_TS) std::memcpy(dbias_TS + (long)t * dm.S, s, sizeof(float) * dm.S);
   }
   float* o = w.o.data();  // dq, then dk, then dv

@@ -56,8 +56,7 @@ static void forward_head_bf16(Scratch& w, const Dims& dm, const bf16* q, const b
   gather_bf16(w, dm, q, k, v, n, kh);
   pair_rows(w.vb.data(), Sp, Hp, w.v2.data());
   scores_bf16(w, w.qb.data(), w.kt2.data(), tri);
-  softmax_rows(w, dm, bias_TS, nullptr, lse, dm.scale);
-  rows_to_bf16(dm, w, w.p.data(), w.pb.data());
+  softmax_rows(w, dm, bias_TS, nullptr, lse, dm.scale, w.pb.data());
   bf16_mm(w.pb.data(), Sp, w.v2.data(), 2L * Hp, w.o.data(), Hp, w.Tp,
           [=](int m0) { return TileRange{0, tri ? std::min(Sp, m0 + 32) : Sp, Hp}; });
   scatter(w.o.data(), dm.T, dm.N, dm.H, n, 1.f, out, Hp, false);
@@ -89,7 +88,7 @@ static void backward_head_bf16(Scratch& w, const Dims& dm, const bf16* q, const 
     const float* p = w.p.data() + t * w.ld;
     int nk16 = round16(row_keys(dm, t));
     for (int j = 0; j < nk16; j += 16) store(s + j, load(p + j) * (load(s + j) - dd));
-    for (int j = nk16; j < Sp; ++j) s[j] = 0.f;
+    zero_tail(dm, w, s, nk16, dbias_TS != nullptr);
     if (dbias_TS) std::memcpy(dbias_TS + (long)t * dm.S, s, sizeof(float) * dm.S);
   }
   rows_to_bf16(dm, w, w.p.data(), w.pb.data());
