@@ -15,6 +15,15 @@
 
 enum Range { kAll = 0, kLower = 1, kUpper = 2 };
 
+// v held in a register. GCC otherwise folds the loads of B's vectors into each row's FMA, loading
+// each 4 times (16 loads and 4 broadcasts for 16 FMAs: more than the load ports take per cycle).
+static inline v16 in_register(v16 v) {
+#ifdef __AVX512F__
+  asm("" : "+v"(v));
+#endif
+  return v;
+}
+
 // C[i, :16WC] = sum_k A(i, k) Bm[k, :16WC] with A(i, k) = A[i*ai + k*ak], 4 rows at a time.
 // kLower: k < i0 + 4; kUpper: k >= i0 (the causal triangles; A must be 0 outside each row's own).
 template <int WC>
@@ -27,7 +36,7 @@ static void rows_mm(const float* A, long ai, long ak, const float* Bm, float* C,
     const float* Ar = A + (long)i0 * ai;
     for (int k = k0; k < k1; ++k) {
       v16 b[WC];
-      for (int c = 0; c < WC; ++c) b[c] = load(Bm + (long)k * W + 16 * c);
+      for (int c = 0; c < WC; ++c) b[c] = in_register(load(Bm + (long)k * W + 16 * c));
       for (int a = 0; a < 4; ++a) {
         v16 x = splat(Ar[a * ai + k * ak]);
         for (int c = 0; c < WC; ++c) acc[a][c] += x * b[c];
@@ -61,7 +70,7 @@ static void scores_block(const float* X, int H, int Hp, const float* Yt, long ld
   for (int a = 0; a < 4; ++a) for (int c = 0; c < NV; ++c) acc[a][c] = splat(0.f);
   for (int h = 0; h < H; ++h) {
     v16 b[NV];
-    for (int c = 0; c < NV; ++c) b[c] = load(Yt + h * ld + j + 16 * c);
+    for (int c = 0; c < NV; ++c) b[c] = in_register(load(Yt + h * ld + j + 16 * c));
     for (int a = 0; a < 4; ++a) {
       v16 x = splat(X[(i0 + a) * Hp + h]);
       for (int c = 0; c < NV; ++c) acc[a][c] += x * b[c];
