@@ -16,7 +16,7 @@
 enum Range { kAll = 0, kLower = 1, kUpper = 2 };
 
 // v held in a register. GCC otherwise folds the loads of B's vectors into each row's FMA, loading
-// each 4 times (16 loads and 4 broadcasts for 16 FMAs: more than the load ports take per cycle).
+// each 4 times (16 loads and 4 broadcasts for 16 FMAs: the loop then waits on the load ports).
 static inline v16 in_register(v16 v) {
 #ifdef __AVX512F__
   asm("" : "+v"(v));
