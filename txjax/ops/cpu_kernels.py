@@ -2,8 +2,8 @@
 
 - `cpu_activation.cc`: GELU and SiLU, forward and backward (`txjax.ops.cpu_activation`);
 - `cpu_attention.cc`: fused attention, forward and backward (`txjax.ops.cpu_attention`), its
-  bfloat16 products where the CPU has them, on AMX tiles or by AVX512-BF16 (`cpu_bf16_dot.h`,
-  `cpu_attention_bf16.h`, `bf16_min_head` below);
+  float32 products in `cpu_attention_f32.h` and its bfloat16 products where the CPU has them, on
+  AMX tiles or by AVX512-BF16 (`cpu_bf16_dot.h`, `cpu_attention_bf16.h`, `bf16_min_head` below);
 - `cpu_norm.cc`: layer norm and RMS norm, forward and backward (`txjax.ops.cpu_norm`);
 - `cpu_transpose.cc`: a 2-D transpose whose operand XLA materializes first (`transpose` below,
   used by `txjax.ops.xla_cpu.transposed` for the weight gradients' x^T).
@@ -35,7 +35,8 @@ from txjax import paths
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu_activation.cc", HERE / "cpu_attention.cc", HERE / "cpu_norm.cc", HERE / "cpu_transpose.cc")
-HEADERS = (HERE / "cpu_kernels.h", HERE / "cpu_bf16_dot.h", HERE / "cpu_attention_bf16.h")
+HEADERS = (HERE / "cpu_kernels.h", HERE / "cpu_bf16_dot.h", HERE / "cpu_attention_f32.h",
+           HERE / "cpu_attention_bf16.h")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 TARGETS = {"txjax_attention_forward": "TxjaxAttentionForward", "txjax_attention_backward": "TxjaxAttentionBackward",
            "txjax_norm_forward": "TxjaxNormForward", "txjax_norm_backward": "TxjaxNormBackward",
