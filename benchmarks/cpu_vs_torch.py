@@ -7,8 +7,10 @@
 
 Each round runs every variant once, in a rotated order, each in its own process
 (`python -m txjax.bench`, `benchmarks/torch_gpt.py`), so that all of them see the same
-drift of the machine; the table gives the median ms/step over rounds and each variant's
-speed relative to PyTorch eager float32. Run it on an otherwise idle machine.
+drift of the machine; the table gives the median ms/step over rounds, each variant's speed
+relative to PyTorch eager float32, and each txjax variant's relative to PyTorch eager in its own
+dtype (float32, or bfloat16 under autocast: issue 22's targets), as the ratio of the medians and
+the range of the rounds' ratios. Run it on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ def variants(args) -> dict[str, list[str]]:
     return runs
 
 
+def same_dtype_reference(name: str) -> str | None:
+    """The PyTorch eager variant a txjax variant is measured against: float32 against eager float32,
+    bfloat16 against eager under autocast (the targets of issue 22); None for PyTorch's own."""
+    if not name.startswith("txjax "):
+        return None
+    return {"float32": "torch float32", "bfloat16": "torch bfloat16 autocast"}[name.split()[1]]
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in SHAPE:
@@ -68,13 +78,19 @@ def main(argv=None) -> dict:
             times[name].append(ms)
             print(f"round {r + 1}: {name:<26} {ms:7.1f} ms/step", flush=True)
     base = statistics.median(times["torch float32"]) if "torch float32" in times else None
-    print(f"\n{'variant':<26} {'median ms/step':>14}  {'x torch float32':>15}  rounds")
+    print(f"\n{'variant':<26} {'median ms/step':>14}  {'x torch float32':>15}  {'x eager, same dtype':>19}  rounds")
     summary = {}
     for name in names:
         med = statistics.median(times[name])
         speed = base / med if base else float("nan")
         summary[name] = {"median_ms": med, "speed_vs_torch_float32": speed, "ms": times[name]}
-        print(f"{name:<26} {med:14.1f}  {speed:15.2f}  " + ", ".join(f"{t:.0f}" for t in times[name]))
+        ref = same_dtype_reference(name)
+        same = ""
+        if ref in times:  # the issue's targets: txjax float32 / eager float32, bfloat16 / autocast
+            rounds = [a / b for a, b in zip(times[ref], times[name])]  # round r ran both
+            summary[name].update(speed_vs_same_dtype=statistics.median(times[ref]) / med, round_speeds=rounds)
+            same = f"{summary[name]['speed_vs_same_dtype']:.2f} ({min(rounds):.2f}-{max(rounds):.2f})"
+        print(f"{name:<26} {med:14.1f}  {speed:15.2f}  {same:>19}  " + ", ".join(f"{t:.0f}" for t in times[name]))
     print(json.dumps({"shape": {n: getattr(args, n.replace('-', '_')) for n, _ in SHAPE}, "variants": summary}))
     return summary
 

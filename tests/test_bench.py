@@ -4,6 +4,7 @@ Nothing here asserts a speed: timings are reported by the command, never tested.
 """
 
 import json
+import math
 import pathlib
 import runpy
 
@@ -109,3 +110,35 @@ def test_cpu_vs_torch_refuses_an_unknown_variant_before_running_anything(monkeyp
         script["main"](["--only", "txjax float32,txjax-bfloat16"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "txjax-bfloat16" in err and "torch bfloat16 autocast" in err
+
+
+def test_cpu_vs_torch_rates_each_txjax_variant_against_pytorch_in_its_own_dtype(monkeypatch, capsys):
+    """float32 against eager float32, bfloat16 against eager under autocast, as the ratio of the
+    medians and per round (each round ran both); with `--only` leaving out eager float32 the
+    same-dtype ratio is still there. Fake timings: no process is started."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    script = runpy.run_path(str(root / "benchmarks" / "cpu_vs_torch.py"))
+    ms = {("torch", "float32"): [300.0, 330.0, 280.0], ("torch", "bfloat16"): [240.0, 270.0, 250.0],
+          ("txjax", "float32"): [250.0, 300.0, 280.0], ("txjax", "bfloat16"): [200.0, 180.0, 250.0]}
+    calls = {k: 0 for k in ms}
+
+    def fake_run_json(cmd):
+        key = ("torch" if any("torch_gpt.py" in c for c in cmd) else "txjax",
+               next(c.split("=")[1] for c in cmd if c.startswith("--dtype=")))
+        calls[key] += 1
+        return {"ms_per_step": ms[key][calls[key] - 1]}
+
+    monkeypatch.setitem(script["main"].__globals__, "run_json", fake_run_json)
+    summary = script["main"](["--rounds", "3"])
+    assert summary["txjax float32"]["speed_vs_same_dtype"] == pytest.approx(300.0 / 280.0)
+    assert summary["txjax float32"]["round_speeds"] == pytest.approx([300 / 250, 330 / 300, 280 / 280])
+    assert summary["txjax bfloat16"]["speed_vs_same_dtype"] == pytest.approx(250.0 / 200.0)
+    assert summary["txjax bfloat16"]["round_speeds"] == pytest.approx([240 / 200, 270 / 180, 250 / 250])
+    assert "speed_vs_same_dtype" not in summary["torch float32"]
+    assert summary["txjax bfloat16"]["speed_vs_torch_float32"] == pytest.approx(300.0 / 200.0)
+    assert "1.25 (1.00-1.50)" in capsys.readouterr().out
+    calls.update({k: 0 for k in calls})
+    summary = script["main"](["--rounds", "3", "--only", "txjax bfloat16,torch bfloat16 autocast"])
+    assert summary["txjax bfloat16"]["speed_vs_same_dtype"] == pytest.approx(1.25)
+    assert math.isnan(summary["txjax bfloat16"]["speed_vs_torch_float32"])  # no eager float32 run
