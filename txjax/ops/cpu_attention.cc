@@ -168,6 +168,17 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const
   }
 }
 
+// Row t of s := dS = P (dP - dd), dP the row of s and dd its rowsum(dO O); zeros after its keys,
+// and the row copied into dbias_TS when the bias's gradient is asked for.
+static void ds_row(Scratch& w, const Dims& dm, int t, float dd, float* dbias_TS) {
+  float* s = w.s.data() + t * w.ld;
+  const float* p = w.p.data() + t * w.ld;
+  int nk16 = round16(row_keys(dm, t));
+  for (int j = 0; j < nk16; j += 16) store(s + j, load(p + j) * (load(s + j) - dd));
+  zero_tail(dm, w, s, nk16, dbias_TS != nullptr);
+  if (dbias_TS) std::memcpy(dbias_TS + (long)t * dm.S, s, sizeof(float) * dm.S);
+}
+
 #include "cpu_attention_bf16.h"
 
 // Query head n of one batch row: out [T, N, H] and lse [T] (its log-sum-exp per query).
@@ -214,12 +225,7 @@ static void backward_head(Scratch& w, const Dims& dm, const T* q, const T* k, co
   for (int t = 0; t < dm.T; ++t) {  // s := dS = P (dP - rowsum(dO O))
     float dd = 0.f;
     for (int h = 0; h < dm.H; ++h) dd += w.d[t * w.Hp + h] * w.o[t * w.Hp + h];
-    float* s = w.s.data() + t * w.ld;
-    const float* p = w.p.data() + t * w.ld;
-    int nk16 = round16(row_keys(dm, t));
-    for (int j = 0; j < nk16; j += 16) store(s + j, load(p + j) * (load(s + j) - dd));
-    zero_tail(dm, w, s, nk16, dbias_TS != nullptr);
-    if (dbias_TS) std::memcpy(dbias_TS + (long)t * dm.S, s, sizeof(float) * dm.S);
+    ds_row(w, dm, t, dd, dbias_TS);
   }
   float* o = w.o.data();  // dq, then dk, then dv
   rows_mm_any(hc, w.s.data(), w.ld, 1, w.k.data(), o, dm.T, tri ? kLower : kAll, dm.S);

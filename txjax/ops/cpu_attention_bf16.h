@@ -1,9 +1,9 @@
 // Attention's bfloat16 heads on the CPU's bfloat16 products (cpu_bf16_dot.h: AMX or AVX512-BF16),
-// included by cpu_attention.cc after its Dims, Scratch, softmax_rows and scatter. The six products
-// (q k^T, again in the backward pass, P v, dO v^T, dS k, dS^T q and P^T dO) take bfloat16 operands
-// and sum in float32, as under PyTorch's autocast or in FlashAttention: the weights P and the
-// scores' gradient dS are rounded to bfloat16 before their products. The softmax, the scale and dS
-// itself stay float32, as in the float32 heads.
+// included by cpu_attention.cc after its Dims, Scratch, softmax_rows, ds_row and scatter. The six
+// products (q k^T, again in the backward pass, P v, dO v^T, dS k, dS^T q and P^T dO) take bfloat16
+// operands and sum in float32, as under PyTorch's autocast or in FlashAttention: the weights P and
+// the scores' gradient dS are rounded to bfloat16 before their products. The softmax, the scale and
+// dS itself stay float32, as in the float32 heads.
 #pragma once
 
 #ifdef TXJAX_BF16_DOT
@@ -84,12 +84,7 @@ static void backward_head_bf16(Scratch& w, const Dims& dm, const bf16* q, const 
     for (; h + 16 <= dm.H; h += 16) acc += load16(dor + h) * load16(orow + h);
     float dd = hsum(acc);
     for (; h < dm.H; ++h) dd += to_f32(dor[h]) * to_f32(orow[h]);
-    float* s = w.s.data() + t * w.ld;
-    const float* p = w.p.data() + t * w.ld;
-    int nk16 = round16(row_keys(dm, t));
-    for (int j = 0; j < nk16; j += 16) store(s + j, load(p + j) * (load(s + j) - dd));
-    zero_tail(dm, w, s, nk16, dbias_TS != nullptr);
-    if (dbias_TS) std::memcpy(dbias_TS + (long)t * dm.S, s, sizeof(float) * dm.S);
+    ds_row(w, dm, t, dd, dbias_TS);
   }
   rows_to_bf16(dm, w, w.p.data(), w.pb.data());
   rows_to_bf16(dm, w, w.s.data(), w.sb.data());
