@@ -18,11 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from txjax.ops import activations
-from txjax.ops.cpu_kernels import register
+from txjax.ops.cpu_kernels import DTYPES, register
 
 KINDS = {"gelu": 0, "silu": 1}
 """The activations the kernel computes -> its `kind` attribute (`Kind` in cpu_activation.cc)."""
-DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 def _call(name: str, kind: str, *args):

@@ -43,6 +43,8 @@ TARGETS = {"txjax_attention_forward": "TxjaxAttentionForward", "txjax_attention_
            "txjax_transpose": "TxjaxTranspose",
            "txjax_activation_forward": "TxjaxActivationForward", "txjax_activation_backward": "TxjaxActivationBackward"}
 """FFI target name -> the handler's symbol in the library."""
+DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+"""What the norm and activation kernels read and write (`by_dtype` in cpu_kernels.h); they compute in float32."""
 
 
 def cache_dir() -> Path:

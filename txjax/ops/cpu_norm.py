@@ -17,9 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txjax.ops import norms
-from txjax.ops.cpu_kernels import register
-
-DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+from txjax.ops.cpu_kernels import DTYPES, register
 
 
 def _forward(x, scale, bias, eps: float, center: bool):
