@@ -98,6 +98,13 @@ static inline int row_keys(const Dims& dm, int t) {
   return dm.causal ? std::min(dm.S, std::max(0, t + dm.S - dm.T + 1)) : dm.S;
 }
 
+// The columns of row t of the weights (or dS) that the products read: the row's keys rounded up to
+// 32, or all Sp. Beyond them the bfloat16 copies keep the zeros they were made with (every head of
+// a call writes the same columns).
+static inline int row_cols(const Dims& dm, const Scratch& w, int t) {
+  return std::min(w.Sp, round32(row_keys(dm, t)));
+}
+
 // Zeros in row x after its keys rounded up to 16 (nk16): to Sp, or, in causal self-attention
 // without a bias gradient, only the next 16, all that the products read there (the bfloat16
 // copies' 32-column blocks; the rest stays as the scratch was made, zero).
@@ -159,7 +166,7 @@ static void softmax_rows(Scratch& w, const Dims& dm, const float* bias_TS, const
   for (int t = 0; t < dm.T; ++t) {
     float* p = w.p.data() + t * w.ld;
     if (pb) {
-      for (int j = 0, n = std::min(w.Sp, round32(row_keys(dm, t))); j < n; j += 16)
+      for (int j = 0, n = row_cols(dm, w, t); j < n; j += 16)
         store16((bf16*)pb + (long)t * w.Sp + j, load(p + j) * m[t]);
       continue;
     }

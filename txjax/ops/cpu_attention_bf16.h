@@ -1,21 +1,14 @@
 // Attention's bfloat16 heads on the CPU's bfloat16 products (cpu_bf16_dot.h: AMX or AVX512-BF16),
-// included by cpu_attention.cc after its Dims, Scratch, softmax_rows, ds_row and scatter. The six
-// products (q k^T, again in the backward pass, P v, dO v^T, dS k, dS^T q and P^T dO) take bfloat16
-// operands and sum in float32, as under PyTorch's autocast or in FlashAttention: the weights P and
-// the scores' gradient dS are rounded to bfloat16 before their products. The softmax, the scale and
-// dS itself stay float32, as in the float32 heads.
+// included by cpu_attention.cc after its Dims, Scratch, row_cols, softmax_rows, ds_row and scatter.
+// The six products (q k^T, again in the backward pass, P v, dO v^T, dS k, dS^T q and P^T dO) take
+// bfloat16 operands and sum in float32, as under PyTorch's autocast or in FlashAttention: the
+// weights P and the scores' gradient dS are rounded to bfloat16 before their products. The softmax,
+// the scale and dS itself stay float32, as in the float32 heads.
 #pragma once
 
 #ifdef TXJAX_BF16_DOT
 
 static inline const uint16_t* bits(const bf16* x) { return (const uint16_t*)x; }
-
-// The columns of row t of the weights (or dS) that the products read: the row's keys rounded up to
-// 32, or all Sp. Beyond them the bfloat16 copies keep the zeros they were made with (every head of
-// a call writes the same columns).
-static inline int row_cols(const Dims& dm, const Scratch& w, int t) {
-  return std::min(w.Sp, round32(row_keys(dm, t)));
-}
 
 // Rows [0, T) of x [T, ld] (float32) rounded into out [T, Sp] (bfloat16), on their row_cols.
 static void rows_to_bf16(const Dims& dm, const Scratch& w, const float* x, uint16_t* out) {
