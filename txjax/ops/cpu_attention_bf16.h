@@ -67,18 +67,19 @@ static void backward_head_bf16(Scratch& w, const Dims& dm, const bf16* q, const 
   pair_rows(w.kb.data(), Sp, Hp, w.k2.data());
   pair_rows(w.qb.data(), Tp, Hp, w.q2.data());
   pair_rows(w.db.data(), Tp, Hp, w.d2.data());
-  scores_bf16(w, w.qb.data(), w.kt2.data(), tri);
-  softmax_rows(w, dm, bias_TS, lse, nullptr, dm.scale);
-  scores_bf16(w, w.db.data(), w.vt2.data(), tri);  // s := dP = dO V^T
-  for (int t = 0; t < dm.T; ++t) {  // s := dS = P (dP - rowsum(dO O))
+  float* dd = w.o.data();  // rowsum(dO O), in o until dq's product: one pass over O's strided rows
+  for (int t = 0; t < dm.T; ++t) {
     const bf16 *dor = dout + ((long)t * dm.N + n) * dm.H, *orow = out + ((long)t * dm.N + n) * dm.H;
     v16 acc = splat(0.f);
     int h = 0;
     for (; h + 16 <= dm.H; h += 16) acc += load16(dor + h) * load16(orow + h);
-    float dd = hsum(acc);
-    for (; h < dm.H; ++h) dd += to_f32(dor[h]) * to_f32(orow[h]);
-    ds_row(w, dm, t, dd, dbias_TS);
+    dd[t] = hsum(acc);
+    for (; h < dm.H; ++h) dd[t] += to_f32(dor[h]) * to_f32(orow[h]);
   }
+  scores_bf16(w, w.qb.data(), w.kt2.data(), tri);
+  softmax_rows(w, dm, bias_TS, lse, nullptr, dm.scale);
+  scores_bf16(w, w.db.data(), w.vt2.data(), tri);  // s := dP = dO V^T
+  for (int t = 0; t < dm.T; ++t) ds_row(w, dm, t, dd[t], dbias_TS);  // s := dS = P (dP - dd)
   rows_to_bf16(dm, w, w.p.data(), w.pb.data());
   rows_to_bf16(dm, w, w.s.data(), w.sb.data());
   transpose_weights(dm, w, w.pb.data(), w.pt.data());
