@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
         summary[name] = {"median_ms": med, "speed_vs_torch_float32": speed, "ms": times[name]}
         ref = same_dtype_reference(name)
         same = ""
-        if ref in times:  # the targets: txjax float32 / eager float32, bfloat16 / autocast
+        if ref in times:
             rounds = [a / b for a, b in zip(times[ref], times[name])]  # round r ran both
             summary[name].update(speed_vs_same_dtype=statistics.median(times[ref]) / med, round_speeds=rounds)
             same = f"{summary[name]['speed_vs_same_dtype']:.2f} ({min(rounds):.2f}-{max(rounds):.2f})"
